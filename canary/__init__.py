@@ -1,0 +1,1 @@
+"""Canary: iterative dataflow programs whose workers schedule their own tasks."""

@@ -1,0 +1,1 @@
+"""The controller role: partition map, placement, shutdown (pure state + MPI runtime)."""

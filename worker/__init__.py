@@ -1,0 +1,1 @@
+"""The worker role: local task spawning from per-partition metadata (pure state + MPI runtime)."""
