@@ -1,0 +1,27 @@
+"""The exceptions canary raises. Every message says which dataset, stage, rank or file is at fault."""
+
+from __future__ import annotations
+
+
+class CanaryError(Exception):
+    """Base class of every error canary raises on purpose."""
+
+
+class DeclarationError(CanaryError, ValueError):
+    """The driver declared an impossible program (raised while declaring, before anything runs)."""
+
+
+class PartitionMismatchError(DeclarationError):
+    """A compute stage names datasets whose partition counts differ."""
+
+
+class ProgramMismatchError(CanaryError):
+    """Two ranks declared different statement lists (a nondeterministic driver)."""
+
+
+class TaskError(CanaryError):
+    """A task (kernel, loader, signal or gather function) raised; the message names rank, stage and partition."""
+
+
+class JobAborted(CanaryError):
+    """Another rank failed and the controller aborted the job."""

@@ -1,0 +1,91 @@
+"""Running one task: call its function and check what it returned.
+
+Shared by the MPI runtime and the in-process harness so both validate results identically.
+This is the only place user code (kernels, loaders, signals, gathers) is called on a worker.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import numpy as np
+
+from canary.messages import TaskDone, TaskFailed
+from worker.state import K_COMPUTE, K_GATHER, K_LOAD, K_SCATTER, K_SIGNAL, Task, WorkerState
+
+
+class ResultError(TypeError):
+    """A task returned something of the wrong shape for its stage."""
+
+
+def run_task(state: WorkerState, task: Task) -> TaskDone | TaskFailed:
+    """Run ``task`` and return the event to feed back to ``state``.
+
+    Never raises for a failure of user code: an exception (or a malformed result) becomes a
+    :class:`TaskFailed` whose message names the rank, the stage, the partition and the
+    traceback, which the worker forwards to the controller.
+    """
+    fn, args = state.task_call(task)
+    try:
+        res = fn(*args)
+        kind = task.kind
+        if kind == K_COMPUTE or kind == K_LOAD:
+            res = _outputs(task, res)
+        elif kind == K_SCATTER:
+            res = _pieces(task, res)
+        elif kind == K_GATHER:
+            res = _array(res, f"gather of '{task.stage.dst.name}'")  # type: ignore[union-attr]
+        elif kind == K_SIGNAL:
+            res = _signal(res)
+    except Exception:
+        msg = (f"rank {state.rank} (worker {state.worker}): {task.label()} failed:\n"
+               f"{traceback.format_exc()}")
+        return TaskFailed(0, task, msg)
+    return TaskDone(0, task, res)
+
+
+def _outputs(task: Task, res: Any) -> tuple[np.ndarray, ...]:
+    writes = task.stage.writes
+    if len(writes) == 1 and not isinstance(res, tuple):
+        res = (res,)
+    if not isinstance(res, tuple) or len(res) != len(writes):
+        got = len(res) if isinstance(res, tuple) else 1
+        raise ResultError(
+            f"returned {got} value(s) but the stage declares {len(writes)} output(s) "
+            f"({', '.join(d.name for d in writes)}); return a tuple with one array per output"
+        )
+    return tuple(_array(v, f"output '{d.name}'") for v, d in zip(res, writes))
+
+
+def _pieces(task: Task, res: Any) -> Any:
+    st = task.stage
+    if st.one_piece:
+        return _array(res, "scatter piece")
+    targets = st.targets[task.part]
+    if not isinstance(res, (list, tuple)) or len(res) != len(targets):
+        got = len(res) if isinstance(res, (list, tuple)) else type(res).__name__
+        raise ResultError(
+            f"scatter must return one piece per target ({len(targets)} for source partition "
+            f"{task.part}), got {got}"
+        )
+    return [_array(v, "scatter piece") for v in res]
+
+
+def _array(v: Any, what: str) -> np.ndarray:
+    if isinstance(v, np.ndarray):
+        if v.dtype == object:
+            raise ResultError(f"{what} is an object array; return numeric numpy arrays")
+        return v
+    arr = np.asarray(v)
+    if arr.dtype == object:
+        raise ResultError(f"{what} must be a numpy array (or number), got {type(v).__name__}")
+    return arr
+
+
+def _signal(v: Any) -> bool:
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)) and v in (0, 1):
+        return bool(v)
+    raise ResultError(f"a signal function must return a bool, got {v!r}")

@@ -1,0 +1,163 @@
+"""Run a whole job in one process: controller and workers on an in-memory transport.
+
+The transport is a seeded discrete-event simulation in virtual time: every message gets a
+random delay and every task a random duration, and the only ordering kept is the one MPI
+guarantees (messages from one sender to one receiver arrive in the order sent). Messages of
+different senders therefore interleave in a seed-dependent order, and ready tasks on a worker
+are picked in a seed-dependent order. The same job must give the same answer under every seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from canary.errors import JobAborted, TaskError
+from canary.execute import run_task
+from canary.messages import CONTROLLER, Callback, Fail, Finish, Piece, ReportPart, Send, Shutdown
+from canary.program import Program
+from controller.state import ControllerState
+from worker.state import RunTask, WorkerState
+
+
+@dataclass
+class JobResult:
+    """What a finished job returns on rank 0 (and from :func:`run_local`)."""
+
+    results: dict[str, list[np.ndarray]]
+    tasks_run: int
+    workers: int
+    seconds: float = 0.0
+    controller_received: dict[str, int] = field(default_factory=dict)
+    controller_sent: dict[str, int] = field(default_factory=dict)
+    controller_cpu_seconds: float = 0.0
+    worker_sent: dict[str, int] = field(default_factory=dict)
+
+    def value(self, name: str) -> np.ndarray:
+        """The single partition of reported one-partition dataset ``name``."""
+        if name not in self.results:
+            raise KeyError(f"dataset '{name}' was never reported; add program.report({name!r}...)")
+        return self.results[name][0]
+
+    def concat(self, name: str) -> np.ndarray:
+        """All partitions of reported dataset ``name`` stacked along axis 0."""
+        return np.concatenate(self.results[name], axis=0)
+
+    @property
+    def scheduling_messages(self) -> int:
+        """Messages the controller sent or received other than reports: these must not grow
+        with iterations or partitions once the job is placed."""
+        recv = sum(v for k, v in self.controller_received.items() if k != "ReportPart")
+        return recv + sum(self.controller_sent.values())
+
+
+def run_local(
+    program: Program,
+    workers: int = 2,
+    seed: int = 0,
+    window: int = 64,
+    mean_delay: float = 1.0,
+    mean_task: float = 1.0,
+    validate: bool = False,
+    max_events: int = 50_000_000,
+) -> JobResult:
+    """Run ``program`` on ``workers`` simulated workers; return the job's result.
+
+    Raises :class:`TaskError` with the failing task's message if user code fails, and
+    RuntimeError if the job deadlocks (no event left before every worker is done), which
+    would be an engine bug. ``validate=True`` checks every state's invariants after each event.
+    """
+    program.finalize()
+    rng = random.Random(seed)
+    ctrl = ControllerState(program, workers)
+    states = [WorkerState(program, w, workers, window) for w in range(workers)]
+    heap: list[tuple[float, int, int, Any]] = []
+    last_arrival: dict[tuple[int, int], float] = {}
+    ready: list[list[RunTask]] = [[] for _ in range(workers)]
+    busy = [False] * workers
+    counter = 0
+    now = 0.0
+    outcome: list[Any] = []
+
+    def push(t: float, dest: int, item: Any) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(heap, (t, counter, dest, item))
+
+    def send(src: int, msg: Send) -> None:
+        m = msg.message
+        if isinstance(m, (Piece, ReportPart)):  # MPI delivers a copy; so do we
+            m.array = np.array(m.array, copy=True)
+        key = (src, msg.dest)
+        t = max(now + rng.expovariate(1.0 / mean_delay), last_arrival.get(key, 0.0) + 1e-9)
+        last_arrival[key] = t
+        push(t, msg.dest, m)
+
+    def apply_worker(w: int, instrs: list[Any]) -> None:
+        for ins in instrs:
+            if isinstance(ins, RunTask):
+                ready[w].append(ins)
+            else:
+                send(w + 1, ins)
+        maybe_start(w)
+
+    def maybe_start(w: int) -> None:
+        if busy[w] or not ready[w]:
+            return
+        k = rng.randrange(len(ready[w]))
+        ready[w][k], ready[w][-1] = ready[w][-1], ready[w][k]
+        ins = ready[w].pop()
+        busy[w] = True
+        ev = run_task(states[w], ins.task)
+        push(now + rng.expovariate(1.0 / mean_task), -(w + 1), ev)
+
+    for w, st in enumerate(states):
+        apply_worker(w, st.start())
+    events = 0
+    while heap and not outcome:
+        now, _, dest, item = heapq.heappop(heap)
+        events += 1
+        if events > max_events:
+            raise RuntimeError(f"run_local: more than {max_events} events; raise max_events")
+        if dest < 0:  # a task finished on worker -dest-1
+            w = -dest - 1
+            busy[w] = False
+            apply_worker(w, states[w].handle(item))
+            if validate:
+                states[w].validate_state()
+        elif dest == CONTROLLER:
+            if isinstance(item, ReportPart):
+                item.seconds = now
+            for ins in ctrl.handle(item):
+                if isinstance(ins, Send):
+                    if not isinstance(ins.message, Shutdown):
+                        send(CONTROLLER, ins)
+                elif isinstance(ins, Callback):
+                    ins.fn(ins.event)
+                elif isinstance(ins, (Finish, Fail)):
+                    outcome.append(ins)
+            if validate:
+                ctrl.validate_state()
+        else:
+            w = dest - 1
+            apply_worker(w, states[w].handle(item))
+            if validate:
+                states[w].validate_state()
+    if not outcome:
+        stuck = [(s.worker, s.pc, s.seq, len(s.tasks)) for s in states]
+        raise RuntimeError(f"run_local: job stopped making progress (worker, pc, seq, tasks): {stuck}")
+    if isinstance(outcome[0], Fail):
+        reason = outcome[0].reason
+        if " failed:\n" in reason:
+            raise TaskError(reason)
+        raise JobAborted(reason)
+    worker_sent: dict[str, int] = {}
+    for s in states:
+        for k, v in s.sent.items():
+            worker_sent[k] = worker_sent.get(k, 0) + v
+    return JobResult(ctrl.results, ctrl.tasks_run, workers, now, dict(ctrl.received),
+                     dict(ctrl.sent), 0.0, worker_sent)

@@ -1,0 +1,559 @@
+"""Declaring a canary program: datasets, stages, loops and branches.
+
+A driver builds a :class:`Program` on every rank. Declaration only records statements; nothing
+runs until :func:`canary.run` (MPI) or :func:`canary.run_local` (in-process) is called. Every
+rank must declare the same statement list; :attr:`Program.digest` is compared across ranks at
+start-up.
+
+The program is flattened into a small instruction list (``ops``) that every worker interprets
+in lock-step: the n-th stage instance a worker emits is the n-th on every worker, so its
+sequence number (``seq``) names it globally, and the branch taken at a signal is the same on
+every rank because the signal's value is broadcast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from canary.errors import DeclarationError, PartitionMismatchError
+
+READ = 0
+WRITE = 1
+
+# Stage kinds.
+LOAD = "load"
+COMPUTE = "compute"
+SCATTER_GATHER = "scatter_gather"
+SIGNAL = "signal"
+REPORT = "report"
+
+# Gather operations built in by name; a callable may be given instead.
+GATHER_OPS = ("sum", "replace", "concat")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A partitioned variable: ``partitions`` numpy arrays, one per partition."""
+
+    name: str
+    partitions: int
+    id: int
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.name!r}, partitions={self.partitions})"
+
+
+@dataclass(eq=False)
+class Stage:
+    """One statement of the program.
+
+    ``reads``/``writes`` are per-partition accesses of the stage's own partitioning (for a
+    scatter-gather, the scatter side). A scatter-gather also writes ``dst`` on the gather side:
+    partition ``j`` of ``dst`` is produced from the pieces sent by ``sources[j]``.
+    """
+
+    id: int
+    kind: str
+    name: str
+    fn: Callable[..., Any] | None
+    reads: tuple[Dataset, ...] = ()
+    writes: tuple[Dataset, ...] = ()
+    dst: Dataset | None = None
+    gather: str | Callable[[list[np.ndarray]], np.ndarray] = "replace"
+    targets: tuple[tuple[int, ...], ...] = ()
+    sources: tuple[tuple[int, ...], ...] = ()
+    one_piece: bool = False
+    callback: Callable[..., Any] | None = None
+    # Per-partition (dataset, mode) accesses of a task of this stage, precomputed for the hot path.
+    accesses: tuple[tuple[Dataset, int], ...] = field(default=())
+
+    @property
+    def partitions(self) -> int:
+        """Number of tasks on the stage's own (scatter/compute/load) side."""
+        ds = self.reads or self.writes
+        return ds[0].partitions if ds else 1
+
+    def describe(self) -> str:
+        """A canonical one-line description used for the cross-rank program digest."""
+        fn = _fn_name(self.fn)
+        parts = [
+            self.kind,
+            self.name,
+            fn,
+            "r=" + ",".join(f"{d.name}/{d.partitions}" for d in self.reads),
+            "w=" + ",".join(f"{d.name}/{d.partitions}" for d in self.writes),
+        ]
+        if self.dst is not None:
+            gather = self.gather if isinstance(self.gather, str) else _fn_name(self.gather)
+            parts += [f"dst={self.dst.name}/{self.dst.partitions}", f"gather={gather}",
+                      "t=" + hashlib.sha256(repr(self.targets).encode()).hexdigest()[:16]]
+        return " ".join(parts)
+
+    def label(self, iteration: tuple[int, ...] | None = None) -> str:
+        """Human-readable name for error messages: ``stage 'grad' (id 4, iteration (3,))``."""
+        it = "" if iteration is None else f", iteration {iteration}"
+        return f"stage '{self.name}' (id {self.id}{it})"
+
+
+def _fn_name(fn: Any) -> str:
+    if fn is None:
+        return "-"
+    py = getattr(fn, "py_func", fn)  # numba dispatchers wrap the Python function
+    return f"{getattr(py, '__module__', '?')}.{getattr(py, '__qualname__', repr(py))}"
+
+
+# Interpreter instructions (tuples keep the interpreter loop cheap).
+OP_STAGE = "stage"  # ("stage", stage_id)
+OP_PUSH = "push"  # ("push",): enter a loop, counter 0
+OP_FOR = "for"  # ("for", count, exit_pc): leave when counter == count
+OP_WHILE = "while"  # ("while", stage_id, max_iter, exit_pc): signal decides, max_iter bounds
+OP_NEXT = "next"  # ("next", head_pc): counter += 1, jump to head
+OP_IF = "if"  # ("if", stage_id, else_pc)
+OP_JUMP = "jump"  # ("jump", pc)
+OP_END = "end"  # ("end",)
+
+
+class Program:
+    """A canary program under declaration.
+
+    Typical use::
+
+        p = Program("logreg")
+        X = p.dataset("X", partitions=8)
+        p.load([X], load_rows)
+        ...
+        with p.loop(10):
+            p.broadcast(w, local_w)
+            p.compute(gradient, inputs=[X, local_w], outputs=[local_g])
+            p.reduce(local_g, g)
+
+    Every method raises :class:`DeclarationError` (or its subclass
+    :class:`PartitionMismatchError`) with the offending dataset and stage named.
+    """
+
+    def __init__(self, name: str = "program") -> None:
+        self.name = name
+        self.datasets: list[Dataset] = []
+        self.stages: list[Stage] = []
+        self.ops: list[tuple[Any, ...]] = []
+        self._names: set[str] = set()
+        self._written: set[int] = set()
+        self._open_blocks: list[str] = []
+        self._finalized = False
+        self._groups: list[tuple[Dataset, ...]] | None = None
+        self._group_of: dict[int, int] | None = None
+
+    # ----------------------------------------------------------------- datasets
+    def dataset(self, name: str, partitions: int = 1) -> Dataset:
+        """Declare a dataset of ``partitions`` partitions (a scalar or model is 1 partition)."""
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise DeclarationError(f"dataset name must be a non-empty string, got {name!r}")
+        if name in self._names:
+            raise DeclarationError(f"dataset '{name}' is declared twice")
+        if not isinstance(partitions, (int, np.integer)) or isinstance(partitions, bool) or partitions < 1:
+            raise DeclarationError(
+                f"dataset '{name}': partitions must be a positive integer, got {partitions!r}"
+            )
+        ds = Dataset(name, int(partitions), len(self.datasets))
+        self.datasets.append(ds)
+        self._names.add(name)
+        return ds
+
+    # ------------------------------------------------------------------- stages
+    def load(
+        self,
+        outputs: Dataset | Sequence[Dataset],
+        loader: Callable[[int, int], Any],
+        name: str | None = None,
+    ) -> Stage:
+        """Fill partition ``i`` of each output with ``loader(i, partitions)`` on its owner.
+
+        ``loader`` returns one array per output (a tuple when there are several). It runs only on
+        the worker that owns partition ``i``, so each worker reads only its own rows.
+        """
+        outs = self._as_datasets(outputs, "load", "outputs")
+        if not outs:
+            raise DeclarationError("load: give at least one output dataset")
+        self._check_same_partitions(outs, name or _short(loader), "load")
+        return self._add(Stage(0, LOAD, name or _short(loader), loader, (), outs))
+
+    def compute(
+        self,
+        kernel: Callable[..., Any],
+        inputs: Sequence[Dataset] = (),
+        outputs: Sequence[Dataset] = (),
+        name: str | None = None,
+    ) -> Stage:
+        """Run ``kernel(*input_partitions)`` on every partition ``i``; it returns the outputs.
+
+        The kernel (ideally ``@numba.njit``) receives partition ``i`` of each input and returns
+        the new partition ``i`` of each output: one array, or a tuple for several outputs. To
+        update in place, name the dataset as both input and output and return the array.
+        All datasets of a compute stage must have the same partition count.
+        """
+        label = name or _short(kernel)
+        ins = self._as_datasets(inputs, label, "inputs")
+        outs = self._as_datasets(outputs, label, "outputs")
+        if not outs:
+            raise DeclarationError(f"compute stage '{label}' declares no outputs")
+        self._check_same_partitions(ins + outs, label, "compute stage")
+        self._check_written(ins, label)
+        return self._add(Stage(0, COMPUTE, label, kernel, ins, outs))
+
+    def scatter_gather(
+        self,
+        inputs: Dataset | Sequence[Dataset],
+        output: Dataset,
+        scatter: Callable[..., Any] | None = None,
+        gather: str | Callable[[list[np.ndarray]], np.ndarray] = "concat",
+        targets: Callable[[int], Sequence[int]] | Sequence[Sequence[int]] | None = None,
+        one_piece: bool = False,
+        name: str | None = None,
+    ) -> Stage:
+        """The general P -> Q exchange, the only way data crosses partitions.
+
+        For each source partition ``i`` (of ``inputs``), ``scatter(*input_partitions)`` returns one
+        piece per destination in ``targets(i)`` (a sequence of arrays in that order), or a single
+        array sent to all of them when ``one_piece`` is true. ``scatter=None`` sends the input
+        partition itself (one input, ``one_piece``). For each destination partition ``j``,
+        ``gather(pieces)`` receives the pieces addressed to ``j`` ordered by source partition and
+        returns the new partition ``j`` of ``output``; built-ins: ``"sum"`` (element-wise, in
+        source order, so the result does not depend on arrival order), ``"replace"`` (exactly one
+        piece; copied) and ``"concat"`` (along axis 0). ``targets`` defaults to all-to-all and
+        is evaluated once at declaration (a function of ``i`` or an explicit list per source).
+        """
+        label = name or (_short(scatter) if scatter is not None else f"sg_{output.name}")
+        ins = self._as_datasets(inputs, label, "inputs")
+        if not ins:
+            raise DeclarationError(f"scatter-gather '{label}' needs at least one input dataset")
+        if not isinstance(output, Dataset):
+            raise DeclarationError(f"scatter-gather '{label}': output must be a Dataset, got {output!r}")
+        self._check_same_partitions(ins, label, "scatter-gather (inputs)")
+        self._check_written(ins, label)
+        if scatter is None and (len(ins) != 1 or not one_piece):
+            raise DeclarationError(
+                f"scatter-gather '{label}': without a scatter function the single input is sent "
+                "as is; pass one input and one_piece=True"
+            )
+        if isinstance(gather, str) and gather not in GATHER_OPS:
+            raise DeclarationError(
+                f"scatter-gather '{label}': unknown gather op {gather!r}; use one of {GATHER_OPS} "
+                "or a function of the list of pieces"
+            )
+        p, q = ins[0].partitions, output.partitions
+        tgt = _resolve_targets(targets, p, q, label)
+        sources = tuple(tuple(i for i in range(p) if j in set(tgt[i])) for j in range(q))
+        if gather == "replace":
+            bad = [j for j in range(q) if len(sources[j]) != 1]
+            if bad:
+                raise DeclarationError(
+                    f"scatter-gather '{label}': gather 'replace' needs exactly one piece per "
+                    f"destination, but partition {bad[0]} of '{output.name}' gets "
+                    f"{len(sources[bad[0]])}"
+                )
+        st = Stage(0, SCATTER_GATHER, label, scatter, ins, (), dst=output, gather=gather,
+                   targets=tgt, sources=sources, one_piece=one_piece)
+        stage = self._add(st)
+        self._written.add(output.id)
+        return stage
+
+    def broadcast(self, source: Dataset, output: Dataset, name: str | None = None) -> Stage:
+        """Copy the single partition of ``source`` into every partition of ``output`` (1 -> P)."""
+        label = name or f"broadcast_{source.name}"
+        if source.partitions != 1:
+            raise DeclarationError(
+                f"broadcast '{label}': source '{source.name}' must have 1 partition, "
+                f"has {source.partitions}"
+            )
+        return self.scatter_gather(source, output, None, "replace", None, True, label)
+
+    def reduce(
+        self,
+        source: Dataset,
+        output: Dataset,
+        op: str | Callable[[list[np.ndarray]], np.ndarray] = "sum",
+        name: str | None = None,
+    ) -> Stage:
+        """Combine every partition of ``source`` into the single partition of ``output`` (P -> 1).
+
+        ``op="sum"`` adds the partitions in partition order, so the result is the same whatever
+        the number of workers or the order in which pieces arrive.
+        """
+        label = name or f"reduce_{source.name}"
+        if output.partitions != 1:
+            raise DeclarationError(
+                f"reduce '{label}': output '{output.name}' must have 1 partition, "
+                f"has {output.partitions}"
+            )
+        return self.scatter_gather(source, output, None, op, None, True, label)
+
+    def report(
+        self,
+        dataset: Dataset,
+        callback: Callable[[ReportEvent], None] | None = None,
+        name: str | None = None,
+    ) -> Stage:
+        """Send every partition of ``dataset`` to the controller (rank 0) at this point.
+
+        ``callback(event)`` runs on rank 0 once all partitions have arrived (progress lines,
+        metrics). The latest reported value of each dataset is returned by ``run`` on rank 0,
+        so a final ``report`` is how a driver fetches its result.
+        """
+        label = name or f"report_{dataset.name}"
+        (ds,) = self._as_datasets([dataset], label, "dataset")
+        self._check_written([ds], label)
+        return self._add(Stage(0, REPORT, label, None, (ds,), (), callback=callback))
+
+    # ------------------------------------------------------------- control flow
+    @contextmanager
+    def loop(self, count: int) -> Iterator[None]:
+        """A fixed-count loop: the body runs ``count`` times on every worker, with no signal."""
+        self._check_open()
+        if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
+            raise DeclarationError(f"loop count must be a non-negative integer, got {count!r}")
+        self.ops.append((OP_PUSH,))
+        head = len(self.ops)
+        self.ops.append((OP_FOR, int(count), -1))
+        self._open_blocks.append("loop")
+        yield
+        self._open_blocks.pop()
+        self.ops.append((OP_NEXT, head))
+        self.ops[head] = (OP_FOR, int(count), len(self.ops))
+
+    @contextmanager
+    def while_(
+        self,
+        condition: Callable[[np.ndarray], Any],
+        on: Dataset,
+        max_iter: int | None = None,
+        name: str | None = None,
+    ) -> Iterator[None]:
+        """Repeat the body while ``condition(on[0])`` is true, at most ``max_iter`` times.
+
+        The condition is evaluated by the worker holding ``on``'s single partition before each
+        iteration and broadcast to every worker, so all take the same branch.
+        """
+        stage = self._signal_stage(condition, on, name or f"while_{_short(condition)}")
+        if max_iter is not None and (not isinstance(max_iter, (int, np.integer)) or max_iter < 0):
+            raise DeclarationError(f"while '{stage.name}': max_iter must be >= 0, got {max_iter!r}")
+        bound = -1 if max_iter is None else int(max_iter)
+        self.ops.append((OP_PUSH,))
+        head = len(self.ops)
+        self.ops.append((OP_WHILE, stage.id, bound, -1))
+        self._open_blocks.append("while")
+        yield
+        self._open_blocks.pop()
+        self.ops.append((OP_NEXT, head))
+        self.ops[head] = (OP_WHILE, stage.id, bound, len(self.ops))
+
+    @contextmanager
+    def if_(
+        self, condition: Callable[[np.ndarray], Any], on: Dataset, name: str | None = None
+    ) -> Iterator[None]:
+        """Run the body only if ``condition(on[0])`` is true (decided once, broadcast to all).
+
+        An ``else_()`` block may follow immediately.
+        """
+        stage = self._signal_stage(condition, on, name or f"if_{_short(condition)}")
+        at = len(self.ops)
+        self.ops.append((OP_IF, stage.id, -1))
+        self._open_blocks.append("if")
+        yield
+        self._open_blocks.pop()
+        self.ops[at] = (OP_IF, stage.id, len(self.ops))
+        self._last_if = at
+
+    @contextmanager
+    def else_(self) -> Iterator[None]:
+        """The alternative of the ``if_`` block that immediately precedes it."""
+        at = getattr(self, "_last_if", None)
+        if at is None or self.ops[at][2] != len(self.ops):
+            raise DeclarationError("else_() must directly follow an if_() block")
+        jump_at = len(self.ops)
+        self.ops.append((OP_JUMP, -1))
+        self.ops[at] = (OP_IF, self.ops[at][1], len(self.ops))
+        self._last_if = None
+        self._open_blocks.append("else")
+        yield
+        self._open_blocks.pop()
+        self.ops[jump_at] = (OP_JUMP, len(self.ops))
+
+    # ----------------------------------------------------------------- analysis
+    def finalize(self) -> Program:
+        """Close the declaration; idempotent. Raises if a loop or branch is still open."""
+        if self._open_blocks:
+            raise DeclarationError(f"program ends inside an open '{self._open_blocks[-1]}' block")
+        if not self._finalized:
+            self.ops.append((OP_END,))
+            self._finalized = True
+        return self
+
+    @property
+    def groups(self) -> list[tuple[Dataset, ...]]:
+        """Co-location groups: datasets whose partition ``i`` must live on one worker.
+
+        Connected components of the graph linking the datasets each stage accesses per
+        partition (compute inputs/outputs, load outputs, scatter inputs). Deterministic order:
+        by smallest dataset id.
+        """
+        if self._groups is None:
+            g = nx.Graph()
+            g.add_nodes_from(d.id for d in self.datasets)
+            for st in self.stages:
+                ds = [d.id for d in st.reads + st.writes]
+                g.add_edges_from(zip(ds, ds[1:]))
+            comps = sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0])
+            self._groups = [tuple(self.datasets[i] for i in c) for c in comps]
+            self._group_of = {d.id: gi for gi, grp in enumerate(self._groups) for d in grp}
+        return self._groups
+
+    def group_of(self, dataset: Dataset) -> int:
+        """Index in :attr:`groups` of the group holding ``dataset``."""
+        self.groups  # noqa: B018 - computes the lookup table
+        assert self._group_of is not None
+        return self._group_of[dataset.id]
+
+    def stage_graph(self) -> nx.MultiDiGraph:
+        """Stage dependency graph: an edge s -> t labelled ``dataset`` when t may next access a
+        dataset s accessed (in program order, loop back-edges included). For analysis and docs.
+        """
+        g = nx.MultiDiGraph()
+        g.add_nodes_from((s.id, {"name": s.name, "kind": s.kind}) for s in self.stages)
+        order = [op[1] for op in self.ops if op[0] == OP_STAGE or op[0] in (OP_WHILE, OP_IF)]
+        touches: dict[int, set[int]] = {}
+        for sid in order:
+            st = self.stages[sid]
+            for d in st.reads + st.writes + ((st.dst,) if st.dst is not None else ()):
+                touches.setdefault(d.id, set()).add(sid)
+        for did, sids in touches.items():
+            seq = [s for s in order if s in sids]
+            for a, b in zip(seq, seq[1:] + seq[:1]):
+                if len(seq) > 1 or a != b:
+                    g.add_edge(a, b, dataset=self.datasets[did].name)
+        return g
+
+    def statements(self) -> list[str]:
+        """The canonical statement list compared across ranks."""
+        self.finalize()
+        return [f"dataset {d.name}/{d.partitions}" for d in self.datasets] + [
+            s.describe() for s in self.stages
+        ] + [repr(op) for op in self.ops]
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of :meth:`statements`; equal on every rank of a deterministic driver."""
+        return hashlib.sha256("\n".join(self.statements()).encode()).hexdigest()
+
+    def tasks_per_instance(self, stage: Stage) -> int:
+        """Number of tasks one instance of ``stage`` runs across all workers."""
+        if stage.kind == SCATTER_GATHER:
+            assert stage.dst is not None
+            return stage.partitions + stage.dst.partitions
+        if stage.kind == REPORT:
+            return stage.reads[0].partitions
+        return stage.partitions
+
+    # ------------------------------------------------------------------ helpers
+    def _add(self, stage: Stage) -> Stage:
+        self._check_open()
+        stage.id = len(self.stages)
+        stage.accesses = tuple((d, READ) for d in stage.reads if d not in stage.writes) + tuple(
+            (d, WRITE) for d in stage.writes
+        )
+        self.stages.append(stage)
+        self._written.update(d.id for d in stage.writes)
+        if stage.kind != SIGNAL:
+            self.ops.append((OP_STAGE, stage.id))
+        return stage
+
+    def _signal_stage(self, condition: Callable[..., Any], on: Dataset, label: str) -> Stage:
+        (ds,) = self._as_datasets([on], label, "on")
+        if ds.partitions != 1:
+            raise DeclarationError(
+                f"signal '{label}': dataset '{ds.name}' has {ds.partitions} partitions; a signal "
+                "is computed from a one-partition dataset (reduce into one first)"
+            )
+        self._check_written([ds], label)
+        return self._add(Stage(0, SIGNAL, label, condition, (ds,), ()))
+
+    def _check_open(self) -> None:
+        if self._finalized:
+            raise DeclarationError(f"program '{self.name}' is already finalized (it has run)")
+
+    def _as_datasets(self, value: Any, label: str, what: str) -> tuple[Dataset, ...]:
+        items = (value,) if isinstance(value, Dataset) else tuple(value)
+        for d in items:
+            if not isinstance(d, Dataset) or d.id >= len(self.datasets) or self.datasets[d.id] is not d:
+                raise DeclarationError(
+                    f"stage '{label}': {what} must be datasets declared on this program, got {d!r}"
+                )
+        return items
+
+    def _check_same_partitions(self, ds: Sequence[Dataset], label: str, kind: str) -> None:
+        for d in ds[1:]:
+            if d.partitions != ds[0].partitions:
+                raise PartitionMismatchError(
+                    f"{kind} '{label}': dataset '{ds[0].name}' has {ds[0].partitions} partitions "
+                    f"but '{d.name}' has {d.partitions}; all datasets of a stage must be "
+                    "partitioned alike (use scatter_gather to move data between partitionings)"
+                )
+
+    def _check_written(self, ds: Sequence[Dataset], label: str) -> None:
+        for d in ds:
+            if d.id not in self._written:
+                raise DeclarationError(
+                    f"stage '{label}' reads dataset '{d.name}' before any statement writes it "
+                    "(load or compute it first)"
+                )
+
+
+@dataclass
+class ReportEvent:
+    """What a report callback receives on rank 0."""
+
+    name: str
+    dataset: str
+    iteration: tuple[int, ...]
+    values: list[np.ndarray]
+    tasks: int
+    seconds: float
+
+    @property
+    def value(self) -> np.ndarray:
+        """The single partition of a one-partition dataset."""
+        return self.values[0]
+
+
+def _short(fn: Any) -> str:
+    py = getattr(fn, "py_func", fn)
+    return str(getattr(py, "__name__", "stage"))
+
+
+def _resolve_targets(
+    targets: Callable[[int], Sequence[int]] | Sequence[Sequence[int]] | None, p: int, q: int, label: str
+) -> tuple[tuple[int, ...], ...]:
+    if targets is None:
+        out = [tuple(range(q))] * p
+    elif callable(targets):
+        out = [tuple(int(j) for j in targets(i)) for i in range(p)]
+    else:
+        out = [tuple(int(j) for j in t) for t in targets]
+        if len(out) != p:
+            raise DeclarationError(
+                f"scatter-gather '{label}': targets lists {len(out)} sources, inputs have {p} partitions"
+            )
+    for i, t in enumerate(out):
+        if len(set(t)) != len(t) or any(j < 0 or j >= q for j in t):
+            raise DeclarationError(
+                f"scatter-gather '{label}': targets of source {i} must be distinct partitions "
+                f"in [0, {q}), got {list(t)}"
+            )
+    return tuple(out)

@@ -1,0 +1,525 @@
+"""The worker as a pure state machine: ``handle(event) -> list[instruction]``.
+
+No MPI, no clock, no kernel call in here. The worker interprets the program's flattened ops in
+program order (every worker takes the same path, since branches follow broadcast signals) and
+emits stage instances numbered ``seq`` = 0, 1, 2, ... For each instance it creates the tasks on
+the partitions it holds and queues each task's access on every partition it touches.
+
+Per local partition we keep the metadata DESIGN.md §4 asks for: the last stage instance that
+touched it (``last_seq``), a "do not spawn" flag (``frozen``, for migration) and the queue of
+accesses waiting for it. A task is spawned (a ``RunTask`` instruction) the moment every access
+it needs is granted (reads share, writes are exclusive, in program order) and, for a gather, all
+its pieces have arrived. That lets stages run out of order where data allows, bounded by a
+run-ahead window of live stage instances.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from canary.messages import (
+    CONTROLLER,
+    Done,
+    Failed,
+    Hello,
+    Piece,
+    Placement,
+    ReportPart,
+    Send,
+    Signal,
+    TaskDone,
+    TaskFailed,
+    worker_rank,
+)
+from canary.partition_map import ACCEPT, HOLD, PartitionMap, route_incoming
+from canary.program import (
+    COMPUTE,
+    LOAD,
+    OP_END,
+    OP_FOR,
+    OP_IF,
+    OP_JUMP,
+    OP_NEXT,
+    OP_PUSH,
+    OP_STAGE,
+    OP_WHILE,
+    READ,
+    REPORT,
+    SCATTER_GATHER,
+    SIGNAL,
+    WRITE,
+    Program,
+    Stage,
+)
+
+# Task kinds (a scatter-gather instance has scatter tasks and gather tasks).
+K_LOAD = "load"
+K_COMPUTE = "compute"
+K_SCATTER = "scatter"
+K_GATHER = "gather"
+K_SIGNAL = "signal"
+K_REPORT = "report"
+
+_KIND_OF = {LOAD: K_LOAD, COMPUTE: K_COMPUTE, REPORT: K_REPORT, SIGNAL: K_SIGNAL}
+
+
+class Task:
+    """One task: a stage instance (``seq``) applied to partition ``part``."""
+
+    __slots__ = ("tid", "seq", "stage", "kind", "part", "iteration", "waiting", "pieces", "accesses")
+
+    def __init__(self, tid: int, seq: int, stage: Stage, kind: str, part: int,
+                 iteration: tuple[int, ...]) -> None:
+        self.tid = tid
+        self.seq = seq
+        self.stage = stage
+        self.kind = kind
+        self.part = part
+        self.iteration = iteration
+        self.waiting = 0
+        self.pieces: dict[int, np.ndarray] | None = None
+        self.accesses: list[tuple[Partition, int]] = []
+
+    def label(self) -> str:
+        return f"{self.stage.label(self.iteration)}, {self.kind} task on partition {self.part}"
+
+    def __repr__(self) -> str:
+        return f"Task({self.tid}, seq={self.seq}, {self.stage.name}/{self.kind}[{self.part}])"
+
+
+class RunTask:
+    """Instruction: run ``task`` (the runtime asks :meth:`WorkerState.task_call` what to call)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __repr__(self) -> str:
+        return f"RunTask({self.task!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunTask) and other.task is self.task
+
+
+class Partition:
+    """A local partition of one dataset and its access metadata."""
+
+    __slots__ = ("dataset", "index", "value", "last_seq", "queue", "readers", "writer", "frozen")
+
+    def __init__(self, dataset: int, index: int) -> None:
+        self.dataset = dataset
+        self.index = index
+        self.value: np.ndarray | None = None
+        self.last_seq = -1  # last stage instance that finished an access
+        self.queue: deque[tuple[Task, int]] = deque()
+        self.readers = 0
+        self.writer = False
+        self.frozen = False  # "do not spawn": set while the partition migrates
+
+
+class WorkerState:
+    """State of worker ``worker`` (0-based) of ``n_workers`` running ``program``.
+
+    Contract: ``start()`` once, then ``handle(event)`` for every message received and every
+    task finished. Instructions returned: :class:`RunTask` and :class:`Send`. After the program
+    ends and every local task is done, exactly one :class:`Done` is sent to the controller.
+    """
+
+    def __init__(self, program: Program, worker: int, n_workers: int, window: int = 64) -> None:
+        self.program = program.finalize()
+        self.worker = worker
+        self.rank = worker_rank(worker)
+        self.n_workers = n_workers
+        self.window = window
+        self.map: PartitionMap | None = None
+        self.parts: dict[tuple[int, int], Partition] = {}
+        self.local: list[list[int]] = []  # group -> local partition indices
+        self._group = [program.group_of(d) for d in program.datasets]
+        # Interpreter.
+        self.pc = 0
+        self.counters: list[int] = []
+        self.seq = 0
+        self.await_seq: int | None = None
+        self.ended = False
+        self.signals: dict[int, bool] = {}
+        # Tasks.
+        self.live: dict[int, int] = {}  # seq -> local tasks not finished
+        self.tasks: dict[int, Task] = {}
+        self._tid = 0
+        self.gathers: dict[tuple[int, int], Task] = {}
+        self.early: dict[tuple[int, int], dict[int, np.ndarray]] = {}
+        self.held: list[Piece] = []
+        self.tasks_run = 0
+        self.program_tasks = 0  # tasks of all workers emitted so far, in program order
+        self.done_sent = False
+        self.failed = False
+        self.sent: dict[str, int] = {}
+        self._eid = 0
+        self._handlers = {
+            Placement: self._on_placement,
+            TaskDone: self._on_task_done,
+            TaskFailed: self._on_task_failed,
+            Piece: self._on_piece,
+            Signal: self._on_signal,
+        }
+
+    # ---------------------------------------------------------------- public API
+    def start(self) -> list[Any]:
+        """Announce this worker and its program digest to the controller."""
+        return [self._send(CONTROLLER, Hello(self._next_eid(), self.worker, self.program.digest,
+                                             self.program.statements()))]
+
+    def handle(self, event: Any) -> list[Any]:
+        """Apply one event; return the instructions it causes. Raises KeyError on unknown events."""
+        out: list[Any] = []
+        self._handlers[type(event)](event, out)
+        if self.map is not None and not self.failed:
+            self._advance(out)
+        return out
+
+    def task_call(self, task: Task) -> tuple[Any, tuple[Any, ...]]:
+        """(function, arguments) the runtime must call to run ``task``."""
+        st = task.stage
+        kind = task.kind
+        if kind == K_COMPUTE or kind == K_SCATTER:
+            args = tuple(self.parts[(d.id, task.part)].value for d in st.reads)
+            if st.fn is None:  # scatter with no function: send the partition itself
+                return _identity, args
+            return st.fn, args
+        if kind == K_GATHER:
+            assert task.pieces is not None
+            pieces = [task.pieces[s] for s in st.sources[task.part]]
+            return _GATHERS.get(st.gather, st.gather), (pieces,)  # type: ignore[call-overload]
+        if kind == K_SIGNAL:
+            return st.fn, (self.parts[(st.reads[0].id, 0)].value,)
+        if kind == K_REPORT:
+            return _identity, (self.parts[(st.reads[0].id, task.part)].value,)
+        if kind == K_LOAD:
+            return st.fn, (task.part, st.partitions)
+        raise AssertionError(kind)
+
+    def validate_state(self) -> None:
+        """Check invariants; raise AssertionError naming the broken one."""
+        if self.map is None:
+            return
+        self.map.validate_state()
+        for (did, i), p in self.parts.items():
+            g = self._group[did]
+            assert self.map.owner(g, i) == self.worker, f"holds ({did},{i}) it does not own"
+            assert not (p.writer and p.readers), f"partition ({did},{i}) has a writer and readers"
+            assert p.readers >= 0
+        for g, idxs in enumerate(self.local):
+            assert idxs == self.map.local(g, self.worker)
+        for t in self.tasks.values():
+            assert t.waiting >= 0, f"{t!r} waits on a negative count"
+        assert all(n > 0 for n in self.live.values())
+        assert sum(self.live.values()) == len(self.tasks), "live counts disagree with tasks"
+
+    # ---------------------------------------------------------------- events
+    def _on_placement(self, ev: Placement, out: list[Any]) -> None:
+        if self.map is None:
+            self.map = ev.map
+            groups = self.program.groups
+            self.local = [ev.map.local(g, self.worker) for g in range(len(groups))]
+            for g, grp in enumerate(groups):
+                for d in grp:
+                    for i in self.local[g]:
+                        self.parts[(d.id, i)] = Partition(d.id, i)
+        else:
+            self.map.merge(ev.map)
+        held, self.held = self.held, []
+        for piece in held:
+            self._on_piece(piece, out)
+
+    def _on_signal(self, ev: Signal, out: list[Any]) -> None:
+        self.signals[ev.seq] = ev.value
+
+    def _on_piece(self, ev: Piece, out: list[Any]) -> None:
+        if self.map is None:  # data can overtake the placement (different senders)
+            self.held.append(ev)
+            return
+        g = self._group[ev.dataset]
+        for j, ver in zip(ev.dsts, ev.versions):
+            action = route_incoming(self.worker, self.map.owner(g, j), self.map.version(g, j), ver)
+            if action == ACCEPT:
+                self._deliver(ev.seq, j, ev.src, ev.array, out)
+            elif action == HOLD:
+                self.held.append(Piece(ev.eid, ev.seq, ev.dataset, ev.src, (j,), (ver,), ev.array))
+            else:
+                self._send_out(worker_rank(self.map.owner(g, j)),
+                               Piece(self._next_eid(), ev.seq, ev.dataset, ev.src, (j,),
+                                     (self.map.version(g, j),), ev.array), out)
+
+    def _on_task_failed(self, ev: TaskFailed, out: list[Any]) -> None:
+        self.failed = True
+        out.append(self._send(CONTROLLER, Failed(self._next_eid(), self.worker, ev.message)))
+
+    def _on_task_done(self, ev: TaskDone, out: list[Any]) -> None:
+        task: Task = ev.task
+        st = task.stage
+        kind = task.kind
+        seq = task.seq
+        res = ev.outputs
+        if kind == K_COMPUTE or kind == K_LOAD:
+            for d, v in zip(st.writes, res):
+                self.parts[(d.id, task.part)].value = v
+        elif kind == K_SCATTER:
+            self._scatter(task, res, out)
+        elif kind == K_GATHER:
+            assert st.dst is not None
+            self.parts[(st.dst.id, task.part)].value = res
+            del self.gathers[(seq, task.part)]
+        elif kind == K_SIGNAL:
+            value = bool(res)
+            self.signals[seq] = value
+            for w in range(self.n_workers):
+                if w != self.worker:
+                    self._send_out(worker_rank(w), Signal(self._next_eid(), seq, value), out)
+        elif kind == K_REPORT:
+            self._send_out(CONTROLLER, ReportPart(self._next_eid(), seq, st.id, task.iteration,
+                                                  task.part, res, self.program_tasks), out)
+        for part, mode in task.accesses:
+            if mode == WRITE:
+                part.writer = False
+            else:
+                part.readers -= 1
+            if seq > part.last_seq:
+                part.last_seq = seq
+            if part.queue:
+                self._pump(part, out)
+        del self.tasks[task.tid]
+        self.tasks_run += 1
+        left = self.live[seq] - 1
+        if left:
+            self.live[seq] = left
+        else:
+            del self.live[seq]
+
+    # ---------------------------------------------------------------- interpreter
+    def _advance(self, out: list[Any]) -> None:
+        ops = self.program.ops
+        stages = self.program.stages
+        counters = self.counters
+        while True:
+            op = ops[self.pc]
+            code = op[0]
+            if code == OP_STAGE:
+                if len(self.live) >= self.window:
+                    break
+                self._emit(stages[op[1]], out)
+                self.pc += 1
+            elif code == OP_NEXT:
+                counters[-1] += 1
+                self.pc = op[1]
+            elif code == OP_FOR:
+                if counters[-1] >= op[1]:
+                    counters.pop()
+                    self.pc = op[2]
+                else:
+                    self.pc += 1
+            elif code == OP_PUSH:
+                counters.append(0)
+                self.pc += 1
+            elif code == OP_WHILE:
+                if self.await_seq is None and 0 <= op[2] <= counters[-1]:
+                    counters.pop()
+                    self.pc = op[3]
+                    continue
+                value = self._await_signal(stages[op[1]], out)
+                if value is None:
+                    break
+                if value:
+                    self.pc += 1
+                else:
+                    counters.pop()
+                    self.pc = op[3]
+            elif code == OP_IF:
+                value = self._await_signal(stages[op[1]], out)
+                if value is None:
+                    break
+                self.pc = self.pc + 1 if value else op[2]
+            elif code == OP_JUMP:
+                self.pc = op[1]
+            elif code == OP_END:
+                self.ended = True
+                if not self.live and not self.done_sent:
+                    self.done_sent = True
+                    out.append(self._send(CONTROLLER, Done(self._next_eid(), self.worker,
+                                                           self.tasks_run, dict(self.sent))))
+                break
+            else:  # pragma: no cover - ops are produced by Program only
+                raise AssertionError(op)
+
+    def _await_signal(self, stage: Stage, out: list[Any]) -> bool | None:
+        """Emit the signal instance on first visit; return its value once known, else None."""
+        if self.await_seq is None:
+            if len(self.live) >= self.window:
+                return None
+            self.await_seq = self.seq
+            self._emit(stage, out)
+        value = self.signals.pop(self.await_seq, None)
+        if value is not None:
+            self.await_seq = None
+        return value
+
+    def _emit(self, st: Stage, out: list[Any]) -> None:
+        """Create the local tasks of the next stage instance and queue their accesses."""
+        seq = self.seq
+        self.seq += 1
+        self.program_tasks += self.program.tasks_per_instance(st)
+        it = tuple(self.counters)
+        n = 0
+        if st.kind == SCATTER_GATHER:
+            assert st.dst is not None
+            src_local = self.local[self._group[st.reads[0].id]]
+            for i in src_local:
+                self._new_task(seq, st, K_SCATTER, i, it, st.accesses, out)
+            n += len(src_local)
+            dst_local = self.local[self._group[st.dst.id]]
+            for j in dst_local:
+                t = self._new_task(seq, st, K_GATHER, j, it, ((st.dst, WRITE),), None)
+                t.pieces = self.early.pop((seq, j), {})
+                t.waiting += len(st.sources[j]) - len(t.pieces)
+                self.gathers[(seq, j)] = t
+                self._pump_task(t, out)
+            n += len(dst_local)
+        elif st.kind == SIGNAL:
+            if self.local[self._group[st.reads[0].id]]:
+                self._new_task(seq, st, K_SIGNAL, 0, it, st.accesses, out)
+                n = 1
+        else:
+            kind = _KIND_OF[st.kind]
+            idxs = self.local[self._group[(st.reads or st.writes)[0].id]]
+            for i in idxs:
+                self._new_task(seq, st, kind, i, it, st.accesses, out)
+            n = len(idxs)
+        if n:
+            self.live[seq] = self.live.get(seq, 0) + n
+
+    def _new_task(self, seq: int, st: Stage, kind: str, part: int, it: tuple[int, ...],
+                  accesses: tuple[tuple[Any, int], ...], out: list[Any] | None) -> Task:
+        t = Task(self._tid, seq, st, kind, part, it)
+        self._tid += 1
+        self.tasks[t.tid] = t
+        t.waiting = len(accesses)
+        parts = self.parts
+        for d, mode in accesses:
+            p = parts[(d.id, part)]
+            t.accesses.append((p, mode))
+            p.queue.append((t, mode))
+        if out is not None:
+            self._pump_task(t, out)
+        return t
+
+    def _pump_task(self, t: Task, out: list[Any]) -> None:
+        for p, _ in t.accesses:
+            if p.queue and p.queue[0][0] is t:
+                self._pump(p, out)
+        if t.waiting == 0 and not t.accesses:
+            out.append(RunTask(t))
+
+    def _pump(self, p: Partition, out: list[Any]) -> None:
+        """Grant queued accesses in order: consecutive reads together, a write alone."""
+        if p.frozen:
+            return
+        q = p.queue
+        while q:
+            t, mode = q[0]
+            if mode == READ:
+                if p.writer:
+                    break
+                p.readers += 1
+            else:
+                if p.writer or p.readers:
+                    break
+                p.writer = True
+            q.popleft()
+            t.waiting -= 1
+            if t.waiting == 0:
+                out.append(RunTask(t))
+            if mode == WRITE:
+                break
+
+    # ---------------------------------------------------------------- data movement
+    def _scatter(self, task: Task, res: Any, out: list[Any]) -> None:
+        st = task.stage
+        assert st.dst is not None and self.map is not None
+        g = self._group[st.dst.id]
+        owners = self.map.owners[g]
+        versions = self.map.versions[g]
+        targets = st.targets[task.part]
+        if st.one_piece:
+            by_worker: dict[int, list[int]] = {}
+            for j in targets:
+                by_worker.setdefault(owners[j], []).append(j)
+            for w, js in by_worker.items():
+                if w == self.worker:
+                    for j in js:
+                        self._deliver(task.seq, j, task.part, res, out)
+                else:
+                    self._send_out(worker_rank(w), Piece(self._next_eid(), task.seq, st.dst.id, task.part,
+                                                         tuple(js), tuple(versions[j] for j in js),
+                                                         res), out)
+        else:
+            for j, piece in zip(targets, res):
+                w = owners[j]
+                if w == self.worker:
+                    self._deliver(task.seq, j, task.part, piece, out)
+                else:
+                    self._send_out(worker_rank(w), Piece(self._next_eid(), task.seq, st.dst.id, task.part,
+                                                         (j,), (versions[j],), piece), out)
+
+    def _deliver(self, seq: int, j: int, src: int, array: np.ndarray, out: list[Any]) -> None:
+        t = self.gathers.get((seq, j))
+        if t is None:
+            self.early.setdefault((seq, j), {})[src] = array
+            return
+        assert t.pieces is not None
+        if src in t.pieces:
+            raise AssertionError(f"piece from partition {src} delivered twice to {t!r}")
+        t.pieces[src] = array
+        t.waiting -= 1
+        if t.waiting == 0:
+            out.append(RunTask(t))
+
+    # ---------------------------------------------------------------- helpers
+    def _next_eid(self) -> int:
+        self._eid += 1
+        return (self.rank << 40) | self._eid
+
+    def _send(self, dest: int, msg: Any) -> Send:
+        name = type(msg).__name__
+        self.sent[name] = self.sent.get(name, 0) + 1
+        return Send(dest, msg)
+
+    def _send_out(self, dest: int, msg: Any, out: list[Any]) -> None:
+        out.append(self._send(dest, msg))
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def gather_sum(pieces: list[np.ndarray]) -> np.ndarray:
+    """Element-wise sum in the order given (source-partition order: deterministic)."""
+    acc = np.array(pieces[0], dtype=np.result_type(pieces[0]), copy=True)
+    for p in pieces[1:]:
+        acc += p
+    return acc
+
+
+def gather_replace(pieces: list[np.ndarray]) -> np.ndarray:
+    """The single piece, copied (it may be shared with the sender's partition)."""
+    return np.array(pieces[0], copy=True)
+
+
+def gather_concat(pieces: list[np.ndarray]) -> np.ndarray:
+    """Pieces stacked along axis 0 in source order."""
+    return np.concatenate(pieces, axis=0)
+
+
+_GATHERS: dict[Any, Any] = {"sum": gather_sum, "replace": gather_replace, "concat": gather_concat}
