@@ -1,0 +1,193 @@
+"""Worker queue policies: which queued item a free slot serves next.
+
+A worker keeps one queue object; items are tasks (early binding) or
+reservations (late binding).  Every policy implements the same small protocol:
+
+* ``push(item, now)`` -- enqueue; O(1) or O(log n).
+* ``pop(now)`` -- remove and return the next item, or ``None`` when empty.
+* ``len(queue)`` -- number of queued items.
+* ``task_finished(item, now, duration)`` -- feedback used by size-based
+  policies (a no-op for the others).
+
+Policies hold no randomness and no global state: the same pushes and pops in
+the same order always give the same decisions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = [
+    "QUEUE_POLICIES",
+    "FifoQueue",
+    "Item",
+    "PriorityQueue",
+    "WeightedFairQueue",
+    "WorkerQueue",
+    "make_queue",
+]
+
+
+@dataclass(slots=True)
+class Item:
+    """One queued unit of work.
+
+    ``priority``: 0 is the most urgent level (strict priority serves lower
+    numbers first).  ``cost``: service the item is expected to need, used by
+    weighted fair queuing (1 means "count tasks").  ``job_tasks`` and
+    ``size_hint`` feed the size-based policy (see :mod:`canary.sched.hfsp`).
+    """
+
+    job: int
+    user: int = 0
+    priority: int = 0
+    cost: float = 1.0
+    job_tasks: int = 1
+    size_hint: float | None = None
+    payload: Any = None
+
+
+class WorkerQueue(Protocol):
+    def push(self, item: Item, now: float) -> None: ...
+
+    def pop(self, now: float) -> Item | None: ...
+
+    def __len__(self) -> int: ...
+
+    def task_finished(self, item: Item, now: float, duration: float) -> None: ...
+
+
+class FifoQueue:
+    """First in, first out."""
+
+    name = "fifo"
+
+    def __init__(self) -> None:
+        self._q: deque[Item] = deque()
+
+    def push(self, item: Item, now: float) -> None:
+        self._q.append(item)
+
+    def pop(self, now: float) -> Item | None:
+        return self._q.popleft() if self._q else None
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def task_finished(self, item: Item, now: float, duration: float) -> None:
+        pass
+
+
+class PriorityQueue:
+    """Strict priorities: one FIFO per level, the lowest level number first.
+
+    A lower-priority item is served only when every higher level is empty;
+    items of one level keep their arrival order.  Levels must be integers
+    >= 0 (ValueError otherwise).
+    """
+
+    name = "priority"
+
+    def __init__(self) -> None:
+        self._levels: dict[int, deque[Item]] = {}
+        self._heap: list[int] = []  # non-empty levels, for O(log L) pop
+        self._n = 0
+
+    def push(self, item: Item, now: float) -> None:
+        if item.priority < 0:
+            raise ValueError(f"priority levels are >= 0, got {item.priority}")
+        q = self._levels.get(item.priority)
+        if q is None:
+            q = self._levels[item.priority] = deque()
+        if not q:
+            heapq.heappush(self._heap, item.priority)
+        q.append(item)
+        self._n += 1
+
+    def pop(self, now: float) -> Item | None:
+        if not self._heap:
+            return None
+        lvl = self._heap[0]
+        q = self._levels[lvl]
+        item = q.popleft()
+        if not q:
+            heapq.heappop(self._heap)
+        self._n -= 1
+        return item
+
+    def __len__(self) -> int:
+        return self._n
+
+    def task_finished(self, item: Item, now: float, duration: float) -> None:
+        pass
+
+
+class WeightedFairQueue:
+    """Weighted fair sharing across users (start-time fair queuing).
+
+    Each user has a FIFO; an item of user u gets start tag
+    ``S = max(V, F_u)`` and finish tag ``F_u = S + cost / w_u``; pop serves the
+    smallest start tag and sets the virtual time ``V`` to it.  While users are
+    backlogged each gets service proportional to its weight; a user that was
+    idle restarts at ``V`` and so gains no credit for the idle time.  O(log n)
+    per push/pop.  ``weights`` maps user -> weight (> 0, ValueError otherwise);
+    users not named get ``default_weight``.
+    """
+
+    name = "fair"
+
+    def __init__(
+        self, weights: dict[int, float] | None = None, default_weight: float = 1.0
+    ) -> None:
+        self.weights = dict(weights or {})
+        for u, w in [*self.weights.items(), (-1, default_weight)]:
+            if not w > 0:
+                raise ValueError(f"weights must be > 0, got {w} for user {u}")
+        self.default_weight = default_weight
+        self._heap: list[tuple[float, int, Item]] = []
+        self._finish: dict[int, float] = {}
+        self._v = 0.0
+        self._seq = 0
+
+    def push(self, item: Item, now: float) -> None:
+        if item.cost < 0:
+            raise ValueError(f"item cost must be >= 0, got {item.cost}")
+        w = self.weights.get(item.user, self.default_weight)
+        start = max(self._v, self._finish.get(item.user, 0.0))
+        self._finish[item.user] = start + item.cost / w
+        self._seq += 1
+        heapq.heappush(self._heap, (start, self._seq, item))
+
+    def pop(self, now: float) -> Item | None:
+        if not self._heap:
+            return None
+        start, _, item = heapq.heappop(self._heap)
+        self._v = start
+        return item
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def task_finished(self, item: Item, now: float, duration: float) -> None:
+        pass
+
+
+QUEUE_POLICIES = ("fifo", "priority", "fair", "hfsp")
+
+
+def make_queue(name: str, **kwargs: Any) -> WorkerQueue:
+    """Build a worker queue by name; raises ValueError for an unknown name."""
+    if name == "fifo":
+        return FifoQueue()
+    if name == "priority":
+        return PriorityQueue()
+    if name == "fair":
+        return WeightedFairQueue(**kwargs)
+    if name == "hfsp":
+        from canary.sched.hfsp import HfspQueue
+
+        return HfspQueue(**kwargs)
+    raise ValueError(f"unknown queue policy {name!r}; choose from {', '.join(QUEUE_POLICIES)}")
