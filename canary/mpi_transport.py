@@ -1,0 +1,111 @@
+"""Messages over MPI: the only module besides the two runtimes that touches mpi4py.
+
+Control messages are pickled (lower-case calls). A large array in a :class:`Piece` or
+:class:`ReportPart` travels as a raw buffer right behind its header (upper-case, zero-copy on
+the wire); MPI's non-overtaking rule per (sender, tag) pairs each header with its buffer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from canary.messages import Piece, ReportPart
+
+TAG_CTRL = 11
+TAG_BUF = 12
+# Below this many bytes an array rides inside the pickled header: one message instead of two.
+INLINE_BYTES = 8192
+
+
+@dataclass(frozen=True)
+class _BufferRef:
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class MpiTransport:
+    """Non-blocking sends and polled receives on ``comm``.
+
+    ``send`` never blocks and never lets the caller's array be modified under an in-flight
+    send: large arrays are copied once into a send buffer kept alive until MPI is done with it.
+    """
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+        self._pending: list[tuple[Any, ...]] = []
+        self._status = MPI.Status()
+        self.sent = 0
+        self.received = 0
+
+    def send(self, dest: int, msg: Any) -> None:
+        self.sent += 1
+        if isinstance(msg, (Piece, ReportPart)):
+            arr = msg.array
+            if isinstance(arr, np.ndarray) and arr.nbytes > INLINE_BYTES:
+                buf = np.array(arr, copy=True, order="C")
+                msg.array = _BufferRef(buf.dtype.str, buf.shape)  # type: ignore[assignment]
+                r1 = self.comm.isend(msg, dest, TAG_CTRL)
+                r2 = self.comm.Isend(buf, dest, TAG_BUF)
+                self._pending.append((r1, r2, buf))
+                return
+        self._pending.append((self.comm.isend(msg, dest, TAG_CTRL),))
+
+    def poll(self) -> tuple[int, Any] | None:
+        """Return (source rank, message) if one has arrived, else None; never blocks long."""
+        st = self._status
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CTRL, st):
+            return None
+        src = st.Get_source()
+        msg = self.comm.recv(source=src, tag=TAG_CTRL)
+        arr = getattr(msg, "array", None)
+        if isinstance(arr, _BufferRef):
+            buf = np.empty(arr.shape, dtype=np.dtype(arr.dtype))
+            self.comm.Recv(buf, source=src, tag=TAG_BUF)
+            msg.array = buf
+        self.received += 1
+        return src, msg
+
+    def progress(self) -> None:
+        """Release send buffers whose sends completed."""
+        if self._pending:
+            self._pending = [p for p in self._pending if not all(r.Test() for r in p if
+                                                                    isinstance(r, MPI.Request))]
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait (polling, not spinning hot) until every send has completed, at most ``timeout``."""
+        end = time.monotonic() + timeout
+        backoff = Backoff(max_sleep=1e-3)
+        while self._pending and time.monotonic() < end:
+            self.progress()
+            backoff.sleep()
+
+
+class Backoff:
+    """Idle wait that costs almost no CPU: a few quick polls, then sleeps doubling to a cap.
+
+    MPI's blocking calls poll a core at 100%; on a laptop with more ranks than cores that would
+    steal the workers' CPU, so every wait loop in canary goes through this instead.
+    """
+
+    def __init__(self, min_sleep: float = 2e-5, max_sleep: float = 1e-3, spins: int = 20) -> None:
+        self.min_sleep = min_sleep
+        self.max_sleep = max_sleep
+        self.spins = spins
+        self._idle = 0
+        self._sleep = min_sleep
+
+    def reset(self) -> None:
+        self._idle = 0
+        self._sleep = self.min_sleep
+
+    def sleep(self) -> None:
+        self._idle += 1
+        if self._idle <= self.spins:
+            return
+        time.sleep(self._sleep)
+        self._sleep = min(self._sleep * 2, self.max_sleep)

@@ -1,0 +1,52 @@
+"""``canary.run``: run a declared program on the MPI job this process belongs to."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+from canary.errors import JobAborted
+from canary.harness import JobResult, run_local
+from canary.program import Program
+
+
+def run(program: Program, comm: object | None = None, window: int = 64) -> JobResult | None:
+    """Run ``program``: rank 0 becomes the controller, ranks 1..N the workers.
+
+    Returns the :class:`JobResult` on rank 0 and ``None`` on workers. With a single rank (a
+    plain ``python driver.py``) the job runs in-process on one worker so a driver can be tried
+    without MPI. If anything fails on any rank, the reason (rank, stage, partition, traceback)
+    is printed once to stderr and the whole MPI job is aborted with exit code 1, so no rank is
+    left hanging.
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    assert isinstance(comm, MPI.Comm)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        print("canary: one MPI rank, so running in-process with one worker "
+              "(use `canary run -n N` for N workers)", file=sys.stderr)
+        return run_local(program, workers=1)
+    try:
+        if rank == 0:
+            from controller.runtime import run_controller
+
+            return run_controller(program, comm)
+        from worker.runtime import run_worker
+
+        run_worker(program, comm, window)
+        return None
+    except JobAborted as exc:
+        if rank == 0:
+            print(f"canary: job aborted: {exc}", file=sys.stderr, flush=True)
+        else:  # the controller prints the reason; give it a moment to do so
+            import time
+
+            time.sleep(2.0)
+        comm.Abort(1)
+    except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
+        print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,
+              flush=True)
+        comm.Abort(1)
+    return None  # pragma: no cover - Abort does not return

@@ -1,0 +1,63 @@
+"""The controller's thin MPI shell: feed worker messages to ControllerState, act on its output."""
+
+from __future__ import annotations
+
+import time
+
+from mpi4py import MPI
+
+from canary.errors import JobAborted
+from canary.harness import JobResult
+from canary.messages import Callback, Fail, Finish, ReportPart, Send
+from canary.mpi_transport import Backoff, MpiTransport
+from canary.program import Program
+from controller.state import ControllerState
+
+
+def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 5e-3) -> JobResult:
+    """Run rank 0 until every worker is done; return the job's result.
+
+    Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
+    after telling every worker to abort. CPU time spent in report callbacks (user code) is
+    excluded from ``controller_cpu_seconds``.
+    """
+    state = ControllerState(program, comm.Get_size() - 1)
+    tx = MpiTransport(comm)
+    backoff = Backoff(max_sleep=max_sleep)
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    user_cpu = 0.0
+    while True:
+        got = tx.poll()
+        if got is None:
+            tx.progress()
+            backoff.sleep()
+            continue
+        backoff.reset()
+        msg = got[1]
+        if isinstance(msg, ReportPart):
+            msg.seconds = time.perf_counter() - t0
+        for ins in state.handle(msg):
+            if isinstance(ins, Send):
+                tx.send(ins.dest, ins.message)
+            elif isinstance(ins, Callback):
+                u0 = time.process_time()
+                ins.fn(ins.event)
+                user_cpu += time.process_time() - u0
+            elif isinstance(ins, Finish):
+                tx.flush()
+                return JobResult(state.results, state.tasks_run, state.n_workers,
+                                 time.perf_counter() - t0, dict(state.received), dict(state.sent),
+                                 time.process_time() - c0 - user_cpu,
+                                 _sum_counts([d.messages_sent for d in state.done.values()]))
+            elif isinstance(ins, Fail):
+                tx.flush(timeout=2.0)
+                raise JobAborted(ins.reason)
+
+
+def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out

@@ -1,0 +1,73 @@
+"""The worker's thin MPI shell: turn instructions into MPI sends and kernel calls."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from mpi4py import MPI
+
+from canary.errors import JobAborted, TaskError
+from canary.execute import run_task
+from canary.messages import Abort, Send, Shutdown, TaskFailed
+from canary.mpi_transport import Backoff, MpiTransport
+from canary.program import Program
+from worker.state import RunTask, Task, WorkerState
+
+
+def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
+               max_sleep: float = 1e-3) -> WorkerState:
+    """Run this rank as worker ``comm.rank - 1`` until the controller says Shutdown.
+
+    Raises :class:`TaskError` (after telling the controller) if a task fails, and
+    :class:`JobAborted` if the controller aborts the job.
+    """
+    state = WorkerState(program, comm.Get_rank() - 1, comm.Get_size() - 1, window)
+    tx = MpiTransport(comm)
+    runq: deque[Task] = deque()
+    backoff = Backoff(max_sleep=max_sleep)
+
+    def apply(instrs: list[Any]) -> None:
+        for ins in instrs:
+            if isinstance(ins, RunTask):
+                runq.append(ins.task)
+            else:
+                assert isinstance(ins, Send)
+                tx.send(ins.dest, ins.message)
+
+    apply(state.start())
+    while True:
+        got = tx.poll()
+        while got is not None:
+            msg = got[1]
+            if isinstance(msg, Shutdown):
+                tx.flush()
+                return state
+            if isinstance(msg, Abort):
+                raise JobAborted(msg.reason)
+            apply(state.handle(msg))
+            got = tx.poll()
+        if runq:
+            backoff.reset()
+            ev = run_task(state, runq.popleft())
+            apply(state.handle(ev))
+            if isinstance(ev, TaskFailed):
+                _wait_for_abort(tx, ev.message)
+            continue
+        tx.progress()
+        backoff.sleep()
+
+
+def _wait_for_abort(tx: MpiTransport, message: str, timeout: float = 10.0) -> None:
+    """After reporting a failure, let the controller abort the job (it prints one message);
+    if it does not within ``timeout`` seconds, fail here."""
+    end = time.monotonic() + timeout
+    backoff = Backoff(max_sleep=1e-2)
+    while time.monotonic() < end:
+        got = tx.poll()
+        if got is not None and isinstance(got[1], Abort):
+            raise JobAborted(got[1].reason)
+        tx.progress()
+        backoff.sleep()
+    raise TaskError(message)
