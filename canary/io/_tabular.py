@@ -1,0 +1,500 @@
+"""Row-partitioned tabular data: .npy, .npz, HDF5 and svmlight/LIBSVM text."""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+
+import numpy as np
+
+from canary.io import _kernels as K
+from canary.io._common import (
+    InputFormatError,
+    PathLike,
+    check_exists,
+    line_of,
+    locate_data_lines,
+    read_line_range,
+    token,
+)
+
+_EXPECT_FEATURE = "expected INDEX:VALUE with 1-based integer INDEX"
+
+
+def _kind(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy":
+        return "npy"
+    if ext == ".npz":
+        return "npz"
+    if ext in (".h5", ".hdf5"):
+        return "h5"
+    return "svmlight"
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+
+def count_rows(path: PathLike, n_features: int | None = None) -> tuple[int, int]:
+    """(n_rows, n_features) of a tabular file, cheaply.
+
+    Formats by extension: ``.npy`` (a 2-D array), ``.npz`` (array ``X``,
+    optional ``y``), ``.h5``/``.hdf5`` (dataset ``X``, optional ``y``); any
+    other extension is svmlight/LIBSVM text.  Binary formats read only the
+    header/metadata.  Svmlight text takes one fast pass (no value parsing):
+    n_rows counts lines that are neither blank nor comments, n_features is the
+    largest 1-based feature index, or ``n_features`` if given.
+
+    Raises FileNotFoundError if the file is missing; InputFormatError if it has
+    no data rows, a binary array is not 2-D numeric, ``y`` does not match
+    ``X``, or a feature index exceeds the given ``n_features``.
+    """
+    p = check_exists(path)
+    kind = _kind(p)
+    if kind == "svmlight":
+        n, d = _svm_count(p)
+        if n_features is not None:
+            if d > n_features:
+                raise InputFormatError(
+                    f"{p}: largest feature index is {d} but n_features={n_features} was given"
+                )
+            d = n_features
+    else:
+        n, d = _binary_shape(p)
+        if n_features is not None and n_features != d:
+            raise InputFormatError(f"{p}: X has {d} columns but n_features={n_features} was given")
+    if n == 0:
+        raise InputFormatError(f"{p}: no data rows (expected at least one row)")
+    return n, d
+
+
+def read_rows(
+    path: PathLike,
+    start: int,
+    stop: int | None,
+    n_features: int | None = None,
+    need_labels: bool = True,
+    binary_labels: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows [start, stop) of a tabular file as (X, y).
+
+    X is a C-contiguous float64 array of shape (stop - start, d) and y a float64
+    array of shape (stop - start,), or None when ``need_labels`` is False.
+    ``stop=None`` means the last row.  Binary formats read only that slice
+    (memory map / HDF5 slicing).  Svmlight text is scanned quickly up to the
+    stop row, and only rows [start, stop) are parsed; d is ``n_features`` or,
+    if None, the largest feature index in the *whole* file (so every worker
+    agrees; pass the value from :func:`count_rows` to skip that scan).  Rows are
+    exactly those ``sklearn.datasets.load_svmlight_file(path,
+    zero_based=False)`` returns, densified.
+
+    With ``binary_labels`` labels must be in {-1, 0, 1} and -1 becomes 0.
+
+    Raises FileNotFoundError if missing; ValueError for a row range outside
+    the file; InputFormatError (naming file and line, or row for binary
+    formats) for malformed data, NaN/inf, missing labels when ``need_labels``,
+    or non-binary labels when ``binary_labels``.
+    """
+    p = check_exists(path)
+    kind = _kind(p)
+    if kind == "svmlight":
+        return _svm_read_rows(p, start, stop, n_features, need_labels, binary_labels)
+    X, y, start = _binary_read_rows(p, start, stop, n_features, need_labels)
+    if y is not None and binary_labels:
+        y = _binarise(p, y, start, None)
+    return X, y
+
+
+def read_svmlight_range(
+    path: PathLike,
+    byte_start: int,
+    byte_end: int,
+    n_features: int,
+    need_labels: bool = True,
+    binary_labels: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Parse the svmlight lines that start in bytes [byte_start, byte_end).
+
+    Use with :func:`split_byte_ranges`: each worker reads its own range and the
+    ranges together yield every row exactly once, in file order.  ``n_features``
+    is required so all workers produce the same width (get it from
+    :func:`count_rows`).  Errors name the true line number in the file.
+
+    Returns (X, y) like :func:`read_rows`.  Raises FileNotFoundError,
+    ValueError for a range outside the file, InputFormatError for bad data.
+    """
+    p = check_exists(path)
+    buf, _, line = read_line_range(p, byte_start, byte_end)
+    X, y, rs = _svm_parse(p, buf, line, n_features)
+    if binary_labels:
+        y = _binarise(p, y, None, (buf, line, rs))
+    return X, (y if need_labels else None)
+
+
+# ---------------------------------------------------------------------------
+# svmlight
+# ---------------------------------------------------------------------------
+
+
+def _svm_count(p: str) -> tuple[int, int]:
+    from canary.io._common import iter_line_blocks
+
+    rows = 0
+    d = 0
+    for _, block in iter_line_blocks(p):
+        r, m = K.svm_scan(np.frombuffer(block, np.uint8))
+        rows += int(r)
+        d = max(d, int(m))
+    return rows, d
+
+
+def _svm_read_rows(
+    p: str,
+    start: int,
+    stop: int | None,
+    n_features: int | None,
+    need_labels: bool,
+    binary_labels: bool,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    total: int | None = None
+    if n_features is None or stop is None:
+        total, d_seen = _svm_count(p)
+        if n_features is None:
+            n_features = d_seen
+    if stop is None:
+        assert total is not None
+        stop = total
+    if not (0 <= start <= stop):
+        raise ValueError(f"{p}: invalid row range [{start}, {stop})")
+    b0, b1, line, seen = locate_data_lines(p, start, stop)
+    if seen >= 0 and stop > seen:
+        raise ValueError(f"{p}: row range [{start}, {stop}) exceeds the file's {seen} rows")
+    with open(p, "rb") as f:
+        f.seek(b0)
+        buf = np.frombuffer(f.read(b1 - b0), np.uint8)
+    X, y, rs = _svm_parse(p, buf, line, n_features)
+    assert X.shape[0] == stop - start
+    if binary_labels:
+        y = _binarise(p, y, None, (buf, line, rs))
+    return X, (y if need_labels else None)
+
+
+def _svm_parse(
+    p: str, buf: np.ndarray, line: int, d: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parse complete svmlight lines; returns (dense X, labels, row start offsets)."""
+    max_rows = int(np.count_nonzero(buf == K.NL)) + 1
+    max_nnz = int(np.count_nonzero(buf == K.COLON))
+    labels = np.empty(max_rows, np.float64)
+    row_start = np.empty(max_rows, np.int64)
+    indptr = np.empty(max_rows + 1, np.int64)
+    indices = np.empty(max_nnz, np.int64)
+    values = np.empty(max_nnz, np.float64)
+    # Tokens outside the float fast path are usually a few percent; size for
+    # 1 in 8 so the kernel rarely has to run twice.
+    cap = max(1024, (max_nnz + max_rows) // 8)
+    while True:
+        sp = np.empty(cap, np.int64)
+        ss = np.empty(cap, np.int64)
+        se = np.empty(cap, np.int64)
+        rows, nnz, nslow, err, es, ee = K.svm_parse(
+            buf, d, labels, row_start, indptr, indices, values, sp, ss, se
+        )
+        if err:
+            _svm_error(p, buf, line, d, int(err), int(es), int(ee))
+        if nslow <= cap:
+            break
+        cap = int(nslow)  # rare: many values outside the fast path; parse again
+    if nslow:
+        _svm_slow_all(p, buf, line, labels, values, indices, sp[:nslow], ss[:nslow], se[:nslow])
+    X = np.zeros((rows, d), np.float64)
+    counts = np.diff(indptr[: rows + 1])
+    X[np.repeat(np.arange(rows), counts), indices[:nnz]] = values[:nnz]
+    return X, labels[:rows].copy(), row_start[:rows].copy()
+
+
+def _svm_slow_all(
+    p: str,
+    buf: np.ndarray,
+    line: int,
+    labels: np.ndarray,
+    values: np.ndarray,
+    indices: np.ndarray,
+    sp: np.ndarray,
+    ss: np.ndarray,
+    se: np.ndarray,
+) -> None:
+    """Convert every token the kernel's fast path declined, with Python's exact float.
+
+    A list comprehension of float() costs ~0.1 us a token; only if it fails (or
+    meets NaN/inf or an underscore, which Python accepts but strtod does not)
+    do we go token by token to name the culprit.
+    """
+    raw = buf.tobytes()
+    toks = [raw[s:e] for s, e in zip(ss.tolist(), se.tolist())]
+    ok = True
+    try:
+        v = np.array([float(t) for t in toks], dtype=np.float64)
+        ok = bool(np.isfinite(v).all()) and not (
+            raw.find(b"_") >= 0 and any(b"_" in t for t in toks)
+        )
+    except ValueError:
+        ok = False
+    if not ok:
+        # Token by token, so the first bad one is named (and raises).
+        for k in range(sp.size):
+            _svm_slow(p, buf, line, labels, values, indices, int(sp[k]), int(ss[k]), int(se[k]))
+        raise AssertionError("unreachable: a slow token failed in bulk but not alone")
+    is_label = sp < 0
+    labels[-sp[is_label] - 1] = v[is_label]
+    values[sp[~is_label]] = v[~is_label]
+
+
+def _svm_slow(
+    p: str,
+    buf: np.ndarray,
+    line: int,
+    labels: np.ndarray,
+    values: np.ndarray,
+    indices: np.ndarray,
+    pos: int,
+    s: int,
+    e: int,
+) -> None:
+    """Convert a token the kernel's fast path declined, with Python's exact float."""
+    raw = bytes(buf[s:e])
+    tok = token(buf, s, e)
+    what = f"label '{tok}'" if pos < 0 else f"value '{tok}' of feature {int(indices[pos]) + 1}"
+    try:
+        # Python's float accepts '1_0'; strtod (and scikit-learn) does not.
+        if b"_" in raw:
+            raise ValueError
+        v = float(raw)
+    except ValueError:
+        expect = (
+            "expected a numeric LABEL first on the line"
+            if pos < 0
+            else "expected INDEX:VALUE with numeric VALUE"
+        )
+        raise InputFormatError(
+            f"{p}:{line_of(buf, line, s)}: {what} is not a number ({expect})"
+        ) from None
+    if not math.isfinite(v):
+        raise InputFormatError(
+            f"{p}:{line_of(buf, line, s)}: {what} is not finite "
+            "(expected a finite number; NaN and inf are rejected)"
+        )
+    if pos < 0:
+        labels[-pos - 1] = v
+    else:
+        values[pos] = v
+
+
+def _svm_error(p: str, buf: np.ndarray, line: int, d: int, err: int, s: int, e: int) -> None:
+    ln = line_of(buf, line, s)
+    tok = token(buf, s, e)
+    idx = tok.split(":", 1)[0]
+    msg = {
+        K.E_NO_COLON: f"feature '{tok}' has no ':' ({_EXPECT_FEATURE})",
+        K.E_INDEX_NOT_INT: f"feature index '{idx}' is not an integer ({_EXPECT_FEATURE})",
+        K.E_INDEX_ZERO: f"feature index 0 in '{tok}' is not 1-based ({_EXPECT_FEATURE} >= 1)",
+        K.E_INDEX_ORDER: (
+            f"feature index {idx} is not greater than the previous index on the line "
+            "(expected strictly increasing feature indices)"
+        ),
+        K.E_INDEX_RANGE: f"feature index {idx} exceeds n_features={d} (expected INDEX <= {d})",
+        K.E_INDEX_TOO_LARGE: f"feature index '{idx}' is too large (expected INDEX < 10**18)",
+        K.E_MULTILABEL: (
+            f"label '{tok}' contains ',' (expected one numeric LABEL; multi-label lines "
+            "are not supported)"
+        ),
+        K.E_QID: f"'{tok}' is not a valid query id (expected qid:INTEGER after the label)",
+    }.get(err, f"malformed token '{tok}'")
+    raise InputFormatError(f"{p}:{ln}: {msg}")
+
+
+def _binarise(
+    p: str,
+    y: np.ndarray,
+    row0: int | None,
+    text: tuple[np.ndarray, int, np.ndarray] | None,
+) -> np.ndarray:
+    """Map labels {-1, 0, 1} to {0, 0, 1}; raise naming the first other label."""
+    ok = (y == 0) | (y == 1) | (y == -1)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        if text is not None:
+            buf, line, rs = text
+            where = f"{p}:{line_of(buf, line, int(rs[i]))}"
+        elif row0 is not None:
+            where = f"{p}: row {row0 + i} (0-based) of y"
+        else:
+            where = f"{p}: row {i} (0-based) of the rows read"
+        raise InputFormatError(
+            f"{where}: label {float(y[i])!r} is not a binary label (expected 0/1 or -1/+1)"
+        )
+    return np.where(y == -1, 0.0, y)
+
+
+# ---------------------------------------------------------------------------
+# Binary formats
+# ---------------------------------------------------------------------------
+
+
+def _check_numeric(p: str, name: str, dtype: np.dtype) -> None:
+    if not (
+        np.issubdtype(dtype, np.integer)
+        or np.issubdtype(dtype, np.floating)
+        or np.issubdtype(dtype, np.bool_)
+    ):
+        raise InputFormatError(
+            f"{p}: array '{name}' has dtype {dtype} (expected a real numeric dtype)"
+        )
+
+
+def _npz_member(p: str, zf: zipfile.ZipFile, name: str) -> zipfile.ZipInfo | None:
+    try:
+        return zf.getinfo(name + ".npy")
+    except KeyError:
+        return None
+
+
+def _npz_header(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo
+) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran_order, dtype, header length) of an .npy member of an .npz."""
+    with zf.open(info) as m:
+        version = np.lib.format.read_magic(m)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(m)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(m)
+        return shape, fortran, dtype, m.tell()
+
+
+class _Arrays:
+    """Lazily sliceable X (and y) of a binary file, reading only requested rows."""
+
+    def __init__(self, p: str) -> None:
+        self.p = p
+        kind = _kind(p)
+        self.kind = kind
+        self.has_y = False
+        self.y_shape: tuple[int, ...] = ()
+        if kind == "npy":
+            try:
+                self._X = np.load(p, mmap_mode="r", allow_pickle=False)
+            except ValueError as exc:
+                raise InputFormatError(f"{p}: not a readable .npy array ({exc})") from None
+            self.x_shape = tuple(self._X.shape)
+            self.x_dtype = self._X.dtype
+        elif kind == "npz":
+            try:
+                zf = zipfile.ZipFile(p)
+            except zipfile.BadZipFile:
+                raise InputFormatError(f"{p}: not a valid .npz (zip) file") from None
+            with zf:
+                xi = _npz_member(p, zf, "X")
+                if xi is None:
+                    raise InputFormatError(
+                        f"{p}: no array 'X' (expected np.savez(path, X=..., y=...))"
+                    )
+                self.x_shape, _, self.x_dtype, _ = _npz_header(zf, xi)
+                yi = _npz_member(p, zf, "y")
+                if yi is not None:
+                    self.has_y = True
+                    self.y_shape, _, self.y_dtype, _ = _npz_header(zf, yi)
+        else:
+            import h5py
+
+            try:
+                with h5py.File(p, "r") as h:
+                    if "X" not in h or not isinstance(h["X"], h5py.Dataset):
+                        raise InputFormatError(
+                            f"{p}: no dataset 'X' (expected datasets X and optional y)"
+                        )
+                    self.x_shape, self.x_dtype = tuple(h["X"].shape), h["X"].dtype
+                    if "y" in h:
+                        self.has_y = True
+                        self.y_shape, self.y_dtype = tuple(h["y"].shape), h["y"].dtype
+            except OSError as exc:
+                raise InputFormatError(f"{p}: not a readable HDF5 file ({exc})") from None
+        if len(self.x_shape) != 2:
+            raise InputFormatError(
+                f"{p}: X has shape {self.x_shape} (expected a 2-D array (n_rows, n_features))"
+            )
+        _check_numeric(p, "X", self.x_dtype)
+        if self.has_y:
+            if self.y_shape != (self.x_shape[0],):
+                raise InputFormatError(
+                    f"{p}: y has shape {self.y_shape} (expected ({self.x_shape[0]},) to match X)"
+                )
+            _check_numeric(p, "y", self.y_dtype)
+
+    def read(self, name: str, start: int, stop: int) -> np.ndarray:
+        p = self.p
+        if self.kind == "npy":
+            return np.asarray(self._X[start:stop])
+        if self.kind == "h5":
+            import h5py
+
+            with h5py.File(p, "r") as h:
+                return np.asarray(h[name][start:stop])
+        with zipfile.ZipFile(p) as zf:
+            info = zf.getinfo(name + ".npy")
+            shape, fortran, dtype, hlen = _npz_header(zf, info)
+            rowbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            if fortran and len(shape) == 2:
+                # Rows are strided in column-major data: read the member whole.
+                with zf.open(info) as m:
+                    return np.asarray(np.lib.format.read_array(m))[start:stop]
+            with zf.open(info) as m:
+                # Stored members seek directly; compressed ones decompress up
+                # to `start` (zipfile has no random access into deflate data).
+                m.seek(hlen + start * rowbytes)
+                raw = m.read((stop - start) * rowbytes)
+            return np.frombuffer(raw, dtype).reshape((stop - start,) + tuple(shape[1:]))
+
+
+def _binary_shape(p: str) -> tuple[int, int]:
+    a = _Arrays(p)
+    return int(a.x_shape[0]), int(a.x_shape[1])
+
+
+def _check_finite(p: str, name: str, a: np.ndarray, row0: int) -> None:
+    if np.issubdtype(a.dtype, np.floating):
+        bad = ~np.isfinite(a)
+        if bad.any():
+            rows = bad.reshape(bad.shape[0], -1).any(axis=1)
+            i = int(np.argmax(rows))
+            raise InputFormatError(
+                f"{p}: row {row0 + i} (0-based) of '{name}' contains NaN or inf "
+                "(expected finite numbers)"
+            )
+
+
+def _binary_read_rows(
+    p: str, start: int, stop: int | None, n_features: int | None, need_labels: bool
+) -> tuple[np.ndarray, np.ndarray | None, int]:
+    a = _Arrays(p)
+    n, d = int(a.x_shape[0]), int(a.x_shape[1])
+    if n_features is not None and n_features != d:
+        raise InputFormatError(f"{p}: X has {d} columns but n_features={n_features} was given")
+    stop = n if stop is None else stop
+    if not (0 <= start <= stop <= n):
+        raise ValueError(f"{p}: row range [{start}, {stop}) is outside the file's {n} rows")
+    # One copy: float64, C order, writable, and never a view of a memory map.
+    X = np.array(a.read("X", start, stop), dtype=np.float64, order="C", copy=True)
+    _check_finite(p, "X", X, start)
+    y = None
+    if need_labels:
+        if not a.has_y:
+            raise InputFormatError(
+                f"{p}: no labels (expected array 'y' of shape ({n},); .npy files hold X only)"
+            )
+        y = np.array(a.read("y", start, stop), dtype=np.float64, copy=True)
+        _check_finite(p, "y", y, start)
+    return X, y, start
