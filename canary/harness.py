@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,7 @@ def run_local(
     counter = 0
     now = 0.0
     outcome: list[Any] = []
+    t0 = time.perf_counter()
 
     def push(t: float, dest: int, item: Any) -> None:
         nonlocal counter
@@ -131,7 +133,7 @@ def run_local(
                 states[w].validate_state()
         elif dest == CONTROLLER:
             if isinstance(item, ReportPart):
-                item.seconds = now
+                item.seconds = time.perf_counter() - t0  # wall time, as on MPI
             for ins in ctrl.handle(item):
                 if isinstance(ins, Send):
                     if not isinstance(ins.message, Shutdown):
@@ -159,5 +161,6 @@ def run_local(
     for s in states:
         for k, v in s.sent.items():
             worker_sent[k] = worker_sent.get(k, 0) + v
-    return JobResult(ctrl.results, ctrl.tasks_run, workers, now, dict(ctrl.received),
+    return JobResult(ctrl.results, ctrl.tasks_run, workers, time.perf_counter() - t0,
+                     dict(ctrl.received),
                      dict(ctrl.sent), 0.0, worker_sent)

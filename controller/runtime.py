@@ -14,7 +14,7 @@ from canary.program import Program
 from controller.state import ControllerState
 
 
-def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 5e-3) -> JobResult:
+def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
@@ -33,10 +33,13 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 5e-3) ->
             tx.progress()
             backoff.sleep()
             continue
-        backoff.reset()
         msg = got[1]
         if isinstance(msg, ReportPart):
+            # Reports are not latency-critical: stay asleep-ish so a chatty driver keeps the
+            # controller near idle.
             msg.seconds = time.perf_counter() - t0
+        else:
+            backoff.reset()
         for ins in state.handle(msg):
             if isinstance(ins, Send):
                 tx.send(ins.dest, ins.message)

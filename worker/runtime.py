@@ -17,7 +17,7 @@ from worker.state import RunTask, Task, WorkerState
 
 
 def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
-               max_sleep: float = 1e-3) -> WorkerState:
+               max_sleep: float = 2.5e-4) -> WorkerState:
     """Run this rank as worker ``comm.rank - 1`` until the controller says Shutdown.
 
     Raises :class:`TaskError` (after telling the controller) if a task fails, and
@@ -26,7 +26,7 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
     state = WorkerState(program, comm.Get_rank() - 1, comm.Get_size() - 1, window)
     tx = MpiTransport(comm)
     runq: deque[Task] = deque()
-    backoff = Backoff(max_sleep=max_sleep)
+    backoff = Backoff(max_sleep=max_sleep, spins=200)
 
     def apply(instrs: list[Any]) -> None:
         for ins in instrs:
