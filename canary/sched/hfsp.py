@@ -381,6 +381,12 @@ class HfspJobs(_Base):
             self._push_real(j)
             self._advance(self._now)
 
+    def virtual_time(self, now: float) -> float:
+        """Advance the virtual PS system to ``now``; return each job's virtual service."""
+        self._clock(now)
+        self._advance(now)
+        return self._v
+
     @property
     def virtual_jobs(self) -> int:
         """Jobs still running in the virtual PS system."""
