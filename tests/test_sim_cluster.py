@@ -1,0 +1,112 @@
+"""The cluster simulator: hand-computed timelines, invariants, qualitative Sparrow results."""
+
+import numpy as np
+import pytest
+
+from canary.sched.placement import BatchLateBinding, BatchSampling, PerTaskSampling, RandomPlacement
+from canary.sched.queues import PriorityQueue
+from canary.sim.cluster import JobSet, poisson_jobs, simulate_cluster
+
+
+def jobs(arrivals, durations, users=None, prios=None) -> JobSet:  # type: ignore[no-untyped-def]
+    n = len(arrivals)
+    return JobSet(
+        np.asarray(arrivals, dtype=float),
+        [np.asarray(d, dtype=float) for d in durations],
+        np.asarray(users if users is not None else [0] * n),
+        np.asarray(prios if prios is not None else [0] * n),
+    )
+
+
+def test_fifo_single_worker_timeline() -> None:
+    js = jobs([0.0, 0.5], [[1.0], [1.0]])
+    r = simulate_cluster(js, RandomPlacement(), 1, 1, rtt=0.0)
+    assert r.finish.tolist() == [1.0, 2.0]
+    assert r.response.tolist() == [1.0, 1.5]
+    assert r.waited.tolist() == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("placement", "hops"),
+    [
+        (RandomPlacement(), 0.5),
+        (PerTaskSampling(2), 1.5),
+        (BatchSampling(2), 1.5),
+        (BatchLateBinding(2), 1.5),
+    ],
+)
+def test_network_delays_per_policy(placement, hops: float) -> None:  # type: ignore[no-untyped-def]
+    # random: task sent directly (rtt/2); sampling: probe round trip + send;
+    # late binding: reservation (rtt/2) + request/reply round trip.
+    r = simulate_cluster(jobs([0.0], [[0.25]]), placement, 4, 1, rtt=0.002)
+    assert r.response[0] == pytest.approx(0.25 + hops * 0.002)
+
+
+def test_late_binding_no_op_and_slot_count() -> None:
+    # Two workers, one task, d=2: one reservation gets the task, the other a no-op.
+    # A second job arriving later is not delayed by the no-op (it took only one rtt).
+    js = jobs([0.0, 0.01], [[0.1], [0.1]])
+    r = simulate_cluster(js, BatchLateBinding(2), 2, 1, rtt=0.002, rng=np.random.default_rng(0))
+    assert r.response.tolist() == pytest.approx([0.103, 0.103])
+
+
+def test_strict_priority_at_worker() -> None:
+    # One worker busy until t=1; a low- then a high-priority job queue behind it.
+    js = jobs([0.0, 0.1, 0.2], [[1.0], [1.0], [1.0]], prios=[1, 1, 0])
+    r = simulate_cluster(js, RandomPlacement(), 1, 1, rtt=0.0, queue_factory=PriorityQueue)
+    assert r.finish.tolist() == [1.0, 3.0, 2.0]
+
+
+def _concurrency(start: np.ndarray, end: np.ndarray) -> int:
+    ev = np.concatenate([np.c_[start, np.ones_like(start)], np.c_[end, -np.ones_like(end)]])
+    ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]  # ends before starts at equal times
+    return int(np.cumsum(ev[:, 1]).max())
+
+
+@pytest.mark.parametrize("policy", [RandomPlacement(), BatchSampling(2), BatchLateBinding(2)])
+def test_every_task_runs_once_and_slots_are_respected(policy) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(5)
+    js = poisson_jobs(rng, rate=60.0, tasks_per_job=8, mean_task=0.1, num_jobs=150)
+    r = simulate_cluster(js, policy, 20, 2, rtt=0.001, rng=rng, record_tasks=True)
+    assert r.task_start.size == 150 * 8
+    assert np.allclose(np.sort(r.task_end - r.task_start), np.sort(np.concatenate(js.durations)))
+    assert _concurrency(r.task_start, r.task_end) <= 40
+    assert np.all(r.response >= r.optimal)
+
+
+def test_seeded_runs_are_identical_and_seeds_matter() -> None:
+    def run(seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        js = poisson_jobs(rng, 30.0, 10, 0.1, num_jobs=100)
+        return simulate_cluster(js, BatchLateBinding(2), 50, 1, 0.001, rng).response
+
+    assert np.array_equal(run(1), run(1))
+    assert not np.array_equal(run(1), run(2))
+
+
+def test_batch_late_beats_random_at_load_08() -> None:
+    # Sparrow Fig. 3 at small scale: 1000 workers, 100-task jobs, load 0.8.
+    workers, m, mean = 1000, 100, 0.1
+    resp = {}
+    for name, pol in [("random", RandomPlacement()), ("batch-late", BatchLateBinding(2))]:
+        js = poisson_jobs(
+            np.random.default_rng(7), 0.8 * workers / (m * mean), m, mean, num_jobs=300
+        )
+        r = simulate_cluster(js, pol, workers, 1, 0.001, np.random.default_rng(8))
+        resp[name] = r.response[30:270].mean()
+        opt = r.optimal[30:270].mean()
+    assert resp["batch-late"] < 0.75 * resp["random"]
+    assert resp["batch-late"] < 1.25 * opt
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="num_workers"):
+        simulate_cluster(jobs([0.0], [[1.0]]), RandomPlacement(), 0)
+    with pytest.raises(ValueError, match="rtt"):
+        simulate_cluster(jobs([0.0], [[1.0]]), RandomPlacement(), 1, rtt=-1)
+    with pytest.raises(ValueError, match="sorted"):
+        jobs([1.0, 0.0], [[1.0], [1.0]])
+    with pytest.raises(ValueError, match="durations"):
+        jobs([0.0], [[-1.0]])
+    with pytest.raises(ValueError, match="distribution"):
+        poisson_jobs(np.random.default_rng(), 1.0, 1, 0.1, num_jobs=3, distribution="zipf")
