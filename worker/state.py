@@ -155,6 +155,7 @@ class WorkerState:
         self.held: list[Piece] = []
         self.tasks_run = 0
         self.program_tasks = 0  # tasks of all workers emitted so far, in program order
+        self.report_marks: dict[int, int] = {}  # report seq -> program_tasks when emitted
         self.done_sent = False
         self.failed = False
         self.sent: dict[str, int] = {}
@@ -280,8 +281,9 @@ class WorkerState:
                 if w != self.worker:
                     self._send_out(worker_rank(w), Signal(self._next_eid(), seq, value), out)
         elif kind == K_REPORT:
+            mark = self.report_marks[seq]
             self._send_out(CONTROLLER, ReportPart(self._next_eid(), seq, st.id, task.iteration,
-                                                  task.part, res, self.program_tasks), out)
+                                                  task.part, res, mark), out)
         for part, mode in task.accesses:
             if mode == WRITE:
                 part.writer = False
@@ -298,6 +300,7 @@ class WorkerState:
             self.live[seq] = left
         else:
             del self.live[seq]
+            self.report_marks.pop(seq, None)
 
     # ---------------------------------------------------------------- interpreter
     def _advance(self, out: list[Any]) -> None:
@@ -393,6 +396,8 @@ class WorkerState:
                 n = 1
         else:
             kind = _KIND_OF[st.kind]
+            if kind == K_REPORT:
+                self.report_marks[seq] = self.program_tasks
             idxs = self.local[self._group[(st.reads or st.writes)[0].id]]
             for i in idxs:
                 self._new_task(seq, st, kind, i, it, st.accesses, out)

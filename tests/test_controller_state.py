@@ -1,0 +1,85 @@
+"""The controller state machine: program check, placement, reports, end and abort."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from canary.messages import (
+    Abort, Callback, Done, Fail, Failed, Finish, Hello, Placement, ReportPart, Send, Shutdown,
+)
+from canary.program import Program, ReportEvent
+from controller.state import ControllerState
+
+
+def program(parts: int = 4, callback: object = None) -> Program:
+    p = Program("c")
+    x, s = p.dataset("x", parts), p.dataset("s", 1)
+    p.load([x], lambda i, n: np.ones(1))
+    p.reduce(x, s)
+    p.report(s, callback=callback)  # type: ignore[arg-type]
+    return p.finalize()
+
+
+def hello(p: Program, w: int) -> Hello:
+    return Hello(w, w, p.digest, p.statements())
+
+
+def test_placement_only_after_every_worker_said_hello() -> None:
+    p = program()
+    c = ControllerState(p, 2)
+    assert c.handle(hello(p, 0)) == []
+    out = c.handle(hello(p, 1))
+    assert [(i.dest, type(i.message)) for i in out] == [(1, Placement), (2, Placement)]
+    assert out[0].message.map.owners == [[0, 0, 1, 1], [0]]
+    c.validate_state()
+
+
+def test_program_mismatch_aborts_naming_rank_and_statement() -> None:
+    p, other = program(4), program(5)
+    c = ControllerState(p, 2)
+    c.handle(hello(p, 0))
+    out = c.handle(hello(other, 1))
+    assert [type(i.message) for i in out if isinstance(i, Send)] == [Abort, Abort]
+    fail = out[-1]
+    assert isinstance(fail, Fail)
+    assert "rank 2 declared a different program" in fail.reason
+    assert "dataset x/4" in fail.reason and "dataset x/5" in fail.reason
+    assert c.handle(Done(3, 0, 1)) == []  # nothing after a failure
+
+
+def test_report_callback_gets_all_partitions_in_order_and_result_is_kept() -> None:
+    seen: list[ReportEvent] = []
+    p = program(1, seen.append)
+    c = ControllerState(p, 1)
+    c.handle(hello(p, 0))
+    out = c.handle(ReportPart(1, 2, 2, (), 0, np.array([4.0]), tasks=3, seconds=0.5))
+    assert len(out) == 1 and isinstance(out[0], Callback)
+    out[0].fn(out[0].event)
+    assert seen[0].value.tolist() == [4.0] and seen[0].tasks == 3 and seen[0].dataset == "s"
+    assert c.results["s"][0].tolist() == [4.0]
+
+
+def test_done_from_every_worker_shuts_down_once() -> None:
+    p = program()
+    c = ControllerState(p, 2)
+    c.handle(hello(p, 0))
+    c.handle(hello(p, 1))
+    assert c.handle(Done(1, 0, 5)) == []
+    out = c.handle(Done(2, 1, 6))
+    assert [type(getattr(i, "message", i)) for i in out] == [Shutdown, Shutdown, Finish]
+    assert c.tasks_run == 11
+    assert c.handle(Done(3, 1, 6)) == []
+
+
+def test_failed_task_aborts_everyone_with_its_message() -> None:
+    p = program()
+    c = ControllerState(p, 2)
+    out = c.handle(Failed(1, 1, "rank 2 (worker 1): stage 'g' ... boom"))
+    assert [i.dest for i in out if isinstance(i, Send)] == [1, 2]
+    assert isinstance(out[-1], Fail) and "boom" in out[-1].reason
+
+
+def test_zero_workers_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="at least one worker"):
+        ControllerState(program(), 0)

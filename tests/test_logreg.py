@@ -1,0 +1,93 @@
+"""Logistic regression against scikit-learn on standardised breast cancer, in-process."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from sklearn.datasets import dump_svmlight_file, load_breast_cancer
+from sklearn.linear_model import LogisticRegression
+
+import canary
+from apps import logistic_regression as lr
+
+REG = 1e-2
+
+
+@pytest.fixture(scope="module")
+def cancer(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    d = tmp_path_factory.mktemp("cancer")
+    np.savez(d / "cancer.npz", X=X, y=y.astype(float))
+    with h5py.File(d / "cancer.h5", "w") as f:
+        f["X"], f["y"] = X, y.astype(float)
+    dump_svmlight_file(X, np.where(y > 0, 1, -1), str(d / "cancer.svm"), zero_based=False)
+    ref = LogisticRegression(C=1.0 / (len(y) * REG), tol=1e-14, max_iter=100_000).fit(X, y)
+    coef, b = ref.coef_.ravel(), float(ref.intercept_[0])
+    z = X @ coef + b
+    obj = float(np.mean(np.logaddexp(0, z) - y * z) + 0.5 * REG * coef @ coef)
+    return {"dir": d, "X": X, "y": y, "coef": coef, "intercept": b, "objective": obj}
+
+
+def solve(path: Path, workers: int, partitions: int, seed: int = 0) -> np.ndarray:
+    args = lr.parse_args(["--input", str(path), "--reg", str(REG), "--tol", "1e-10",
+                          "--max-iter", "5000", "--partitions", str(partitions)])
+    prog, _ = lr.build(args, workers)
+    res = canary.run_local(prog, workers=workers, seed=seed)
+    return res.value("result")
+
+
+def check_optimum(r: np.ndarray, ref: dict) -> None:
+    d = ref["X"].shape[1]
+    assert abs(r[1] - ref["objective"]) <= 1e-8 * abs(ref["objective"])
+    coef = np.append(r[3:3 + d], r[3 + d])
+    want = np.append(ref["coef"], ref["intercept"])
+    assert np.linalg.norm(coef - want) <= 1e-5 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "h5", "svm"])
+def test_reaches_sklearn_optimum_from_every_format(cancer: dict, fmt: str) -> None:
+    check_optimum(solve(cancer["dir"] / f"cancer.{fmt}", workers=2, partitions=4), cancer)
+
+
+@pytest.mark.parametrize("workers,per_worker", [(1, 1), (2, 3), (3, 16)])
+def test_answer_does_not_depend_on_workers_or_partitions(cancer: dict, workers: int,
+                                                         per_worker: int) -> None:
+    r = solve(cancer["dir"] / "cancer.npz", workers, workers * per_worker)
+    check_optimum(r, cancer)
+
+
+def test_same_answer_under_fifty_interleavings(cancer: dict) -> None:
+    """Seeds change message interleaving and task order; sums are in partition order, so the
+    result is bit-identical."""
+    first = solve(cancer["dir"] / "cancer.npz", 3, 6, seed=0)
+    for seed in range(1, 50):
+        assert np.array_equal(solve(cancer["dir"] / "cancer.npz", 3, 6, seed=seed), first)
+
+
+def test_progress_reports_each_iteration(cancer: dict) -> None:
+    args = lr.parse_args(["--input", str(cancer["dir"] / "cancer.npz"), "--reg", str(REG),
+                          "--max-iter", "7", "--partitions", "4"])
+    seen: list[canary.ReportEvent] = []
+    args.on_progress = seen.append
+    prog, _ = lr.build(args, 2)
+    canary.run_local(prog, workers=2)
+    assert [int(e.value[0]) for e in seen] == list(range(1, 8))
+    objs = [e.value[1] for e in seen]
+    assert objs[-1] < objs[0]
+    assert all(b > a for a, b in zip([e.tasks for e in seen], [e.tasks for e in seen][1:]))
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        lr.parse_args(["--generate", "10"])
+    with pytest.raises(SystemExit):
+        lr.parse_args(["--tol", "0"])
+    args = lr.parse_args(["--generate", "10,3", "--partitions", "11"])
+    with pytest.raises(SystemExit, match="exceeds the 10 data rows"):
+        lr.build(args, 2)
+    assert isinstance(args, argparse.Namespace)

@@ -1,0 +1,121 @@
+"""Declaration: clear errors for impossible programs, co-location groups, the digest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from canary import DeclarationError, PartitionMismatchError, Program
+from canary.program import OP_END, OP_FOR, OP_IF, OP_JUMP, OP_NEXT, OP_PUSH, OP_STAGE, OP_WHILE
+
+
+def _ones(i: int, n: int) -> np.ndarray:
+    return np.ones(2)
+
+
+def test_compute_over_different_partition_counts_names_both_datasets() -> None:
+    p = Program()
+    a, b = p.dataset("points", 4), p.dataset("labels", 3)
+    p.load([a], _ones)
+    with pytest.raises(PartitionMismatchError) as e:
+        p.compute(lambda x: x, [a], [b], name="assign")
+    msg = str(e.value)
+    assert "'points' has 4" in msg and "'labels' has 3" in msg and "assign" in msg
+
+
+def test_signal_over_multi_partition_dataset_is_refused() -> None:
+    p = Program()
+    a = p.dataset("residual", 4)
+    p.load([a], _ones)
+    with pytest.raises(DeclarationError, match="'residual' has 4 partitions"):
+        with p.while_(lambda x: True, on=a):
+            pass
+
+
+def test_reading_a_dataset_before_it_is_written() -> None:
+    p = Program()
+    a, b = p.dataset("w", 1), p.dataset("g", 1)
+    with pytest.raises(DeclarationError, match="reads dataset 'w' before any statement writes it"):
+        p.compute(lambda x: x, [a], [b], name="update")
+
+
+def test_broadcast_and_reduce_shapes_are_checked() -> None:
+    p = Program()
+    many, one = p.dataset("many", 3), p.dataset("one", 1)
+    p.load([many], _ones)
+    with pytest.raises(DeclarationError, match="source 'many' must have 1 partition"):
+        p.broadcast(many, one)
+    p.reduce(many, one)
+    with pytest.raises(DeclarationError, match="output 'many' must have 1 partition"):
+        p.reduce(one, many)
+
+
+def test_bad_targets_and_replace_with_several_pieces() -> None:
+    p = Program()
+    a, b = p.dataset("a", 2), p.dataset("b", 2)
+    p.load([a], _ones)
+    with pytest.raises(DeclarationError, match=r"targets of source 0 must be distinct partitions in \[0, 2\)"):
+        p.scatter_gather(a, b, lambda x: [x], "concat", targets=[[5], [0]])
+    with pytest.raises(DeclarationError, match="exactly one piece"):
+        p.scatter_gather(a, b, lambda x: [x, x], "replace")
+    with pytest.raises(DeclarationError, match="unknown gather op"):
+        p.scatter_gather(a, b, lambda x: [x, x], "mean")
+
+
+def test_misc_declaration_errors() -> None:
+    p = Program()
+    with pytest.raises(DeclarationError, match="positive integer"):
+        p.dataset("x", 0)
+    p.dataset("x", 1)
+    with pytest.raises(DeclarationError, match="declared twice"):
+        p.dataset("x", 2)
+    with pytest.raises(DeclarationError, match="else_"):
+        with p.else_():
+            pass
+    other = Program().dataset("y", 1)
+    with pytest.raises(DeclarationError, match="declared on this program"):
+        p.load([other], _ones)
+
+
+def test_ops_for_loops_and_branches() -> None:
+    p = Program()
+    c = p.dataset("c", 1)
+    p.load([c], _ones)  # stage 0
+    with p.loop(3):
+        p.compute(lambda x: x, [c], [c])  # stage 1
+    with p.while_(lambda x: False, on=c, max_iter=5):  # stage 2 (signal)
+        p.compute(lambda x: x, [c], [c])  # stage 3
+    with p.if_(lambda x: True, on=c):  # stage 4
+        p.compute(lambda x: x, [c], [c])  # stage 5
+    with p.else_():
+        p.compute(lambda x: x, [c], [c])  # stage 6
+    p.finalize()
+    assert p.ops == [
+        (OP_STAGE, 0), (OP_PUSH,), (OP_FOR, 3, 5), (OP_STAGE, 1), (OP_NEXT, 2),
+        (OP_PUSH,), (OP_WHILE, 2, 5, 9), (OP_STAGE, 3), (OP_NEXT, 6),
+        (OP_IF, 4, 12), (OP_STAGE, 5), (OP_JUMP, 13), (OP_STAGE, 6), (OP_END,),
+    ]
+
+
+def test_colocation_groups_follow_compute_stages() -> None:
+    p = Program()
+    X, y, lw, w = p.dataset("X", 4), p.dataset("y", 4), p.dataset("lw", 4), p.dataset("w", 1)
+    p.load([X, y], lambda i, n: (np.ones((2, 2)), np.ones(2)))
+    p.load([w], _ones)
+    p.broadcast(w, lw)
+    p.compute(lambda a, b, c: c, [X, y, lw], [lw])
+    assert [tuple(d.name for d in g) for g in p.groups] == [("X", "y", "lw"), ("w",)]
+    g = p.stage_graph()
+    assert g.number_of_nodes() == len(p.stages)
+    assert any(d["dataset"] == "lw" for _, _, d in g.edges(data=True))
+
+
+def test_digest_is_stable_and_sensitive() -> None:
+    def make(parts: int) -> Program:
+        p = Program("d")
+        a = p.dataset("a", parts)
+        p.load([a], _ones)
+        return p
+
+    assert make(4).digest == make(4).digest
+    assert make(4).digest != make(5).digest
