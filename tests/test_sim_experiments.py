@@ -37,7 +37,7 @@ def test_zero_wait_simulation_matches_analysis() -> None:
         loads=(0.3, 0.6),
         policies=("random", "per-task", "batch"),
         workers=500,
-        task_budget=6000,
+        horizon=2.0,
     )
     assert len(rows) == 6
     for r in rows:

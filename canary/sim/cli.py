@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", nargs="+", type=float, help="loads in (0,1) (default 0.1..0.9)")
     p.add_argument("--workers", type=int, help="single-slot workers (default 1000; --full 10000)")
     p.add_argument("--probe-ratio", "-d", type=int, default=2, dest="d")
+    p.add_argument("--horizon", type=float, help="seconds of arrivals (default 5; --full 10)")
     _common(p)
 
     p = sub.add_parser("priority", help="Sparrow Table 3: high- vs low-priority user")
@@ -148,7 +149,7 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], Callable[[Sequence[Row], 
             args.tasks_per_job,
             loads,
             workers=args.workers or (10_000 if full else 1000),
-            task_budget=200_000 if full else 40_000,
+            horizon=args.horizon or (10.0 if full else 5.0),
             seed=args.seed,
             d=args.d,
             on_row=out,
