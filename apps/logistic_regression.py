@@ -32,7 +32,7 @@ import numpy as np
 
 import canary
 from canary.generate import logistic_data
-from canary.io import count_rows, partition_rows, read_rows
+from canary.io import InputFormatError, count_rows, partition_rows, read_rows
 
 # Layout of the one-partition "opt" dataset (optimizer state); D = n_features + 1.
 I_ITER, I_T, I_STEP, I_REG, I_TOL, I_OBJ, I_GNORM, I_N, HEAD = 0, 1, 2, 3, 4, 5, 6, 7, 8
@@ -255,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"tasks {ev.tasks}  {ev.seconds:.3f}s", flush=True)
 
     args.on_progress = on_progress
-    prog, shape = build(args, comm.Get_size() - 1)
+    try:
+        prog, shape = build(args, comm.Get_size() - 1)
+    except (OSError, InputFormatError) as exc:  # every rank fails alike; rank 0 says why
+        if is_root:
+            print(f"logistic_regression: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     result = canary.run(prog, comm)
     if result is None:
         return 0

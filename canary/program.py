@@ -148,6 +148,7 @@ class Program:
         self._open_blocks: list[str] = []
         self._finalized = False
         self._groups: list[tuple[Dataset, ...]] | None = None
+        self._last_if: int | None = None
         self._group_of: dict[int, int] | None = None
 
     # ----------------------------------------------------------------- datasets
@@ -374,7 +375,7 @@ class Program:
     @contextmanager
     def else_(self) -> Iterator[None]:
         """The alternative of the ``if_`` block that immediately precedes it."""
-        at = getattr(self, "_last_if", None)
+        at = self._last_if
         if at is None or self.ops[at][2] != len(self.ops):
             raise DeclarationError("else_() must directly follow an if_() block")
         jump_at = len(self.ops)

@@ -6,7 +6,17 @@ import numpy as np
 import pytest
 
 from canary.messages import (
-    Abort, Callback, Done, Fail, Failed, Finish, Hello, Placement, ReportPart, Send, Shutdown,
+    Abort,
+    Callback,
+    Done,
+    Fail,
+    Failed,
+    Finish,
+    Hello,
+    Placement,
+    ReportPart,
+    Send,
+    Shutdown,
 )
 from canary.program import Program, ReportEvent
 from controller.state import ControllerState

@@ -16,6 +16,7 @@ run-ahead window of live stage instances.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -160,7 +161,7 @@ class WorkerState:
         self.failed = False
         self.sent: dict[str, int] = {}
         self._eid = 0
-        self._handlers = {
+        self._handlers: dict[type, Callable[[Any, list[Any]], None]] = {
             Placement: self._on_placement,
             TaskDone: self._on_task_done,
             TaskFailed: self._on_task_failed,

@@ -1,0 +1,110 @@
+"""Real multi-rank runs: mpiexec -n K python -m mpi4py ..., each with a hard timeout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer
+from sklearn.linear_model import LogisticRegression
+
+from tests.conftest import mpirun
+
+DRIVERS = Path(__file__).parent / "drivers"
+LR = "apps/logistic_regression.py"
+
+
+def summary(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cancer_npz(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float, np.ndarray]:
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    path = tmp_path_factory.mktemp("mpi") / "cancer.npz"
+    np.savez(path, X=X, y=y.astype(float))
+    reg = 1e-2
+    ref = LogisticRegression(C=1 / (len(y) * reg), tol=1e-14, max_iter=100_000).fit(X, y)
+    coef = np.append(ref.coef_.ravel(), ref.intercept_)
+    z = X @ coef[:-1] + coef[-1]
+    obj = float(np.mean(np.logaddexp(0, z) - y * z) + 0.5 * reg * coef[:-1] @ coef[:-1])
+    return path, obj, coef
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_logistic_regression_matches_sklearn_over_mpi(ranks: int, cancer_npz: tuple,
+                                                      tmp_path: Path) -> None:
+    path, obj, coef = cancer_npz
+    out, metrics = tmp_path / "model.npz", tmp_path / "m.jsonl"
+    r = mpirun(ranks, LR, "--input", str(path), "--reg", "1e-2", "--tol", "1e-10",
+               "--max-iter", "5000", "--partitions", "5", "--output", str(out),
+               "--metrics", str(metrics), "--print-every", "100")
+    assert r.returncode == 0, r.stderr
+    s = summary(r.stdout)
+    assert s["workers"] == ranks - 1 and s["converged"]
+    assert abs(s["objective"] - obj) <= 1e-8 * abs(obj)
+    m = np.load(out)
+    got = np.append(m["coef"], m["intercept"])
+    assert np.linalg.norm(got - coef) <= 1e-5 * np.linalg.norm(coef)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == list(range(1, s["iterations"] + 1))
+    assert set(rows[0]) == {"iteration", "objective", "gradient_norm", "seconds", "tasks"}
+    assert "iter   100" in r.stdout and "final objective" in r.stdout
+
+
+def test_kernel_exception_aborts_the_whole_job_with_rank_stage_partition() -> None:
+    r = mpirun(3, str(DRIVERS / "failing_kernel.py"), timeout=60)
+    assert r.returncode != 0
+    err = r.stderr
+    assert "stage 'explode'" in err and "partition 2" in err and "iteration (3,)" in err
+    assert "rank 2 (worker 1)" in err  # partitions 2,3 of 4 live on worker 1
+    assert "ZeroDivisionError: kernel blew up on purpose" in err and "Traceback" in err
+
+
+def test_nondeterministic_driver_fails_fast_with_a_clear_error() -> None:
+    r = mpirun(3, str(DRIVERS / "nondeterministic.py"), timeout=60)
+    assert r.returncode != 0
+    assert "declared a different program than rank 0" in r.stderr
+    assert "dataset a/2" in r.stderr and "dataset a/3" in r.stderr
+
+
+def test_more_workers_than_partitions_works(cancer_npz: tuple) -> None:
+    r = mpirun(3, LR, "--input", str(cancer_npz[0]), "--partitions", "1", "--max-iter", "20",
+               "--print-every", "0")
+    assert r.returncode == 0, r.stderr
+    assert summary(r.stdout)["workers"] == 2 and summary(r.stdout)["iterations"] == 20
+
+
+def test_malformed_svmlight_line_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.svm"
+    bad.write_text("1 1:0.5 2:1.0\n0 1:0.25 2:oops\n1 1:1.0 2:2.0\n")
+    r = mpirun(2, LR, "--input", str(bad), "--partitions", "1", "--max-iter", "3", timeout=60)
+    assert r.returncode != 0
+    assert f"{bad}:2" in r.stderr
+
+
+def test_missing_input_file_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.npz"
+    r = mpirun(2, LR, "--input", str(missing), timeout=60)
+    assert r.returncode != 0
+    assert str(missing) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_controller_messages_do_not_grow_with_iterations_or_partitions() -> None:
+    counts = []
+    for iterations, partitions in [(2, 2), (30, 2), (30, 12)]:
+        r = mpirun(3, str(DRIVERS / "counting.py"), str(iterations), str(partitions))
+        assert r.returncode == 0, r.stderr
+        out = summary(r.stdout)
+        expected = 0.0
+        for _ in range(iterations):  # a[i] = s; a[i] += 1; s = sum of the partitions
+            expected = partitions * (expected + 1.0)
+        assert out["s"] == pytest.approx([expected] * 3, rel=1e-12)
+        counts.append((out["received"], out["sent"]))
+    assert counts[0] == counts[1] == counts[2]
+    received, sent = counts[0]
+    assert received == {"Hello": 2, "Done": 2, "ReportPart": 1}
+    assert sent == {"Placement": 2, "Shutdown": 2}
