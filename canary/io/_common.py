@@ -139,7 +139,8 @@ def read_line_range(path: str, byte_start: int, byte_end: int) -> tuple[np.ndarr
     with open(path, "rb") as f:
         start = _next_line_start(f, byte_start, size)
         if start >= byte_end:
-            return np.zeros(0, np.uint8), start, 0
+            # Read-only like every other buffer, so numba compiles one signature.
+            return np.frombuffer(b"", np.uint8), start, 0
         f.seek(start)
         data = f.read(byte_end - start)
         if byte_end < size and not data.endswith(b"\n"):

@@ -451,9 +451,27 @@ class _Arrays:
                 # Rows are strided in column-major data: read the member whole.
                 with zf.open(info) as m:
                     return np.asarray(np.lib.format.read_array(m))[start:stop]
+            if info.compress_type == zipfile.ZIP_STORED:
+                # np.savez stores members uncompressed: map the rows in place
+                # (zipfile's own seek would read every byte before them).
+                with open(p, "rb") as f:
+                    f.seek(info.header_offset)
+                    local = f.read(30)
+                name_len = int.from_bytes(local[26:28], "little")
+                extra_len = int.from_bytes(local[28:30], "little")
+                data = info.header_offset + 30 + name_len + extra_len + hlen
+                if stop == start:
+                    return np.empty((0,) + tuple(shape[1:]), dtype)
+                return np.memmap(
+                    p,
+                    dtype=dtype,
+                    mode="r",
+                    offset=data + start * rowbytes,
+                    shape=(stop - start,) + tuple(shape[1:]),
+                )
             with zf.open(info) as m:
-                # Stored members seek directly; compressed ones decompress up
-                # to `start` (zipfile has no random access into deflate data).
+                # Compressed members decompress up to `start`: deflate data
+                # has no random access.
                 m.seek(hlen + start * rowbytes)
                 raw = m.read((stop - start) * rowbytes)
             return np.frombuffer(raw, dtype).reshape((stop - start,) + tuple(shape[1:]))
