@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from canary.errors import CanaryError
 from canary.io import _kernels as K
 
 #: Size of the blocks text files are scanned in: large enough that Python's
@@ -16,7 +17,7 @@ BLOCK = 16 * 1024 * 1024
 PathLike = str | os.PathLike[str]
 
 
-class InputFormatError(ValueError):
+class InputFormatError(CanaryError, ValueError):
     """Malformed input data.
 
     The message always names the file and, for text formats, the 1-based line
