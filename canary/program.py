@@ -98,7 +98,7 @@ class Stage:
 
     def label(self, iteration: tuple[int, ...] | None = None) -> str:
         """Human-readable name for error messages: ``stage 'grad' (id 4, iteration (3,))``."""
-        it = "" if iteration is None else f", iteration {iteration}"
+        it = "" if not iteration else f", iteration {iteration}"
         return f"stage '{self.name}' (id {self.id}{it})"
 
 

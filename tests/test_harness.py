@@ -1,0 +1,101 @@
+"""The in-process harness: every role in one process on a seeded, reordering transport."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import canary
+from canary import Program, TaskError
+
+
+def shuffle_program(P: int = 5, Q: int = 3, iterations: int = 4) -> Program:
+    """A P->Q shuffle with a custom gather, a while loop and an if/else, all in one."""
+    p = Program("mixed")
+    x, y, tot, c = p.dataset("x", P), p.dataset("y", Q), p.dataset("tot", 1), p.dataset("c", 1)
+    p.load([x], lambda i, n: np.arange(6.0) * (i + 1))
+    p.load([c], lambda i, n: np.zeros(1))
+    with p.loop(iterations):
+        p.scatter_gather(x, y, lambda a: [a[j::Q] for j in range(Q)], "concat", name="shuffle")
+        p.compute(lambda a: a * 0.5 + 1.0, [y], [y], name="halve")
+        p.reduce(y, tot, op=lambda ps: np.array([sum(float(np.sum(q)) for q in ps)]))
+    with p.while_(lambda v: v[0] < 3, on=c, max_iter=10):
+        p.compute(lambda v: v + 1, [c], [c], name="count")
+    with p.if_(lambda v: v[0] == 3, on=c):
+        p.compute(lambda v: v * 100, [c], [c], name="then")
+    with p.else_():
+        p.compute(lambda v: v * 0, [c], [c], name="else")
+    p.report(tot)
+    p.report(y)
+    p.report(c)
+    return p
+
+
+def expected(P: int = 5, Q: int = 3) -> tuple[float, list[np.ndarray]]:
+    x = [np.arange(6.0) * (i + 1) for i in range(P)]
+    y = [np.concatenate([a[j::Q] for a in x]) * 0.5 + 1.0 for j in range(Q)]
+    return float(sum(np.sum(b) for b in y)), y
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 7])
+def test_same_answer_for_every_seed_and_worker_count(workers: int) -> None:
+    tot, ys = expected()
+    for seed in range(12):
+        r = canary.run_local(shuffle_program(), workers=workers, seed=seed, validate=True)
+        assert r.value("tot")[0] == tot
+        for got, want in zip(r.results["y"], ys):
+            np.testing.assert_array_equal(got, want)
+        assert r.value("c")[0] == 300.0
+        # loads 5+1; per iteration scatter 5 + gather 3 + halve 3 + reduce 3+1; while: 4 signals
+        # + 3 bodies; if: 1 signal + 1 branch; reports 1 + 3 + 1
+        assert r.tasks_run == 6 + 4 * 15 + 7 + 2 + 5
+        assert r.controller_received["Done"] == workers
+
+
+def test_controller_traffic_is_independent_of_iterations_and_partitions() -> None:
+    counts = {
+        (P, it): canary.run_local(shuffle_program(P, 3, it), workers=3).scheduling_messages
+        for P, it in [(3, 1), (3, 20), (12, 20)]
+    }
+    assert len(set(counts.values())) == 1
+    assert counts[(3, 1)] == 3 * 2 + 3 * 2  # Hello+Done in, Placement+Shutdown out, per worker
+
+
+def test_kernel_failure_raises_task_error_with_stage_and_partition() -> None:
+    p = Program("fail")
+    x = p.dataset("x", 4)
+    p.load([x], lambda i, n: np.array([float(i)]))
+
+    def bad(v: np.ndarray) -> np.ndarray:
+        if v[0] == 3.0:
+            raise ValueError("bad partition")
+        return v
+
+    p.compute(bad, [x], [x], name="check")
+    with pytest.raises(TaskError, match=r"stage 'check' \(id 1\), compute task on partition 3"):
+        canary.run_local(p, workers=2)
+
+
+def test_wrong_result_shape_is_reported_not_silently_used() -> None:
+    p = Program("shape")
+    x, y = p.dataset("x", 2), p.dataset("y", 2)
+    p.load([x], lambda i, n: np.ones(2))
+    p.compute(lambda v: (v, v), [x], [y], name="two_for_one")
+    with pytest.raises(TaskError, match="returned 2 value"):
+        canary.run_local(p, workers=1)
+    q = Program("scatter")
+    a, b = q.dataset("a", 2), q.dataset("b", 3)
+    q.load([a], lambda i, n: np.ones(3))
+    q.scatter_gather(a, b, lambda v: [v], "concat", name="short")
+    with pytest.raises(TaskError, match="one piece per target"):
+        canary.run_local(q, workers=2)
+
+
+def test_signal_must_return_a_bool() -> None:
+    p = Program("sig")
+    c = p.dataset("c", 1)
+    p.load([c], lambda i, n: np.zeros(1))
+    with p.while_(lambda v: v, on=c):
+        p.compute(lambda v: v, [c], [c])
+    with pytest.raises(TaskError, match="must return a bool"):
+        canary.run_local(p, workers=2)
