@@ -1,0 +1,530 @@
+"""PageRank on canary with the 2-D vertex-cut of the edge matrix (as PowerGraph/GraphX do).
+
+Semantics are those of ``networkx.pagerank(G, alpha=damping, weight=None)`` on
+``nx.DiGraph(edge list)``: duplicate edges count once, self-loops count, a vertex is every id
+that appears in the edge list, and dangling vertices (no out-edge) spread their rank uniformly
+over all vertices. The loop stops when the L1 change of the rank vector drops below ``--tol``
+(absolute; networkx stops at ``N * tol``) or after ``--max-iter`` iterations.
+
+Partitioning. ``--partitions P`` (a perfect square, P = g*g) edge partitions form a g x g grid;
+vertex id v is owned by vertex partition b(v) = hash(v) mod g, and edge (s, d) lives in edge
+partition (b(s), b(d)). So a vertex has at most g mirrors as a source (row b(v)) and g as a
+destination (column b(v)): at most 2*sqrt(P). Nobody holds the whole edge list: each read
+partition parses one byte range of the text file (or one row range of the .npy array, or one
+slice of the generated graph) and the edges are shuffled to their grid cell.
+
+Set-up (once):
+
+    raw_edges (P)  --scatter distinct ids by owner, gather unique--> vertex_ids (g)
+    raw_edges (P)  --scatter by grid cell, gather concat--> cell_edges (P)
+    cell_edges     --CSR kernel (dedupe, sort)--> csr_indptr, csr_indices, src_ids, dst_ids (P)
+    src_ids + out-degrees (P) --to row owner--> routing (g);  dst_ids (P) --to column owner-->
+    vertex set-up kernel: routing tables (local indices), 1/out-degree (g)
+    vertex counts --reduce--> stats (1) --broadcast--> ranks = 1/N
+
+Per iteration (docs/apps/pagerank.md draws it):
+
+    stats (1) --broadcast--> local_stats (g)
+    contribution (g) --scatter through the source routing table--> mirrors (P)   [replace]
+    CSR + mirrors --edge kernel--> partial sums over the cell's destinations (P)
+    partial (P) --to the column owner, concat--> incoming (g)
+    incoming + routing + ranks + local_stats --vertex kernel--> ranks, contribution, vertex_stats
+    vertex_stats (g) --reduce sum--> (1) --step kernel--> stats  (L1 change, dangling mass)
+    while stats.l1 >= tol (signal), at most --max-iter times
+
+Run: ``canary run -n 2 apps/pagerank.py`` (default: generated R-MAT graph 100000,1000000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numba
+import numpy as np
+
+import canary
+from canary.generate import rmat_edges
+from canary.io import (
+    InputFormatError,
+    count_edges,
+    partition_rows,
+    read_edges_range,
+    read_edges_rows,
+    split_byte_ranges,
+)
+
+# Layout of the one-partition "stats" dataset.
+T_ITER, T_L1, T_DANGLING, T_SUM, T_N, T_ALPHA, T_TOL, T_LEN = range(8)
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def vertex_owner(ids: np.ndarray, g: int) -> np.ndarray:
+    """Vertex partition of each id: splitmix64(id) mod g (the same on every rank)."""
+    with np.errstate(over="ignore"):
+        x = ids.astype(np.uint64)
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        x = x ^ (x >> np.uint64(31))
+    return (x % np.uint64(g)).astype(np.int64)
+
+
+def pack(pieces: list[np.ndarray]) -> np.ndarray:
+    """Gather keeping piece boundaries: [count, len_0 .. len_{count-1}, piece_0, piece_1, ...]."""
+    head = np.array([len(pieces)] + [len(p) for p in pieces], np.int64)
+    return np.concatenate([head] + [np.asarray(p, np.int64) for p in pieces])
+
+
+def unique_ids(pieces: list[np.ndarray]) -> np.ndarray:
+    """Gather of the vertex ids sent to one owner: sorted and distinct."""
+    return np.unique(np.concatenate(pieces).astype(np.int64))
+
+
+# ----------------------------------------------------------------------- kernels
+@numba.njit(cache=True)
+def _unique_sorted(a: np.ndarray) -> np.ndarray:
+    """Distinct values of a sorted array."""
+    if a.shape[0] == 0:
+        return a.copy()
+    keep = np.ones(a.shape[0], np.bool_)
+    for i in range(1, a.shape[0]):
+        if a[i] == a[i - 1]:
+            keep[i] = False
+    return a[keep]
+
+
+@numba.njit(cache=True)
+def csr_kernel(e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """CSR of a grid cell's edges: duplicates dropped, rows = the cell's distinct sources.
+
+    Returns (indptr (ns+1,), indices into dst_ids (m,), src_ids (ns,), dst_ids (nd,)), all int64
+    and sorted by id, so the layout does not depend on the order the edges arrived in.
+    """
+    src = e[:, 0].copy()
+    dst = e[:, 1].copy()
+    o = np.argsort(dst, kind="mergesort")
+    src = src[o]
+    dst = dst[o]
+    o = np.argsort(src, kind="mergesort")
+    src = src[o]
+    dst = dst[o]
+    m = src.shape[0]
+    keep = np.ones(m, np.bool_)
+    for i in range(1, m):
+        if src[i] == src[i - 1] and dst[i] == dst[i - 1]:
+            keep[i] = False
+    src = src[keep]
+    dst = dst[keep]
+    src_ids = _unique_sorted(src)
+    dst_ids = _unique_sorted(np.sort(dst))
+    indptr = np.zeros(src_ids.shape[0] + 1, np.int64)
+    j = -1
+    for i in range(src.shape[0]):
+        if i == 0 or src[i] != src[i - 1]:
+            j += 1
+        indptr[j + 1] += 1
+    for j in range(src_ids.shape[0]):
+        indptr[j + 1] += indptr[j]
+    indices = np.searchsorted(dst_ids, dst).astype(np.int64)
+    return indptr, indices, src_ids, dst_ids
+
+
+@numba.njit(cache=True)
+def release_kernel(e: np.ndarray) -> np.ndarray:
+    """Replace a consumed edge partition by an empty one (frees its memory)."""
+    return np.empty((0, 2), np.int64)
+
+
+def source_piece(indptr: np.ndarray, src_ids: np.ndarray) -> np.ndarray:
+    """What a cell tells its row owner: its distinct sources and their out-degree in the cell."""
+    return np.concatenate((src_ids, np.diff(indptr)))
+
+
+@numba.njit(cache=True)
+def vertex_setup_kernel(
+    ids: np.ndarray, src_in: np.ndarray, dst_in: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Routing tables and 1/out-degree of a vertex partition.
+
+    ``src_in``/``dst_in`` are packed pieces from the cells of this partition's row/column. The
+    routing tables are [g, offsets (g+1), local vertex indices...]: piece c of the table lists,
+    in the cell's order, the local index of each of the cell's sources (destinations).
+    Returns (route_src, route_dst, inv_out_degree, [vertices, dangling vertices]).
+    """
+    n = ids.shape[0]
+    outdeg = np.zeros(n, np.int64)
+    route_src = _route(ids, src_in, outdeg, True)
+    route_dst = _route(ids, dst_in, outdeg, False)
+    inv = np.zeros(n)
+    dangling = 0
+    for i in range(n):
+        if outdeg[i] > 0:
+            inv[i] = 1.0 / outdeg[i]
+        else:
+            dangling += 1
+    return route_src, route_dst, inv, np.array([float(n), float(dangling)])
+
+
+@numba.njit(cache=True)
+def _route(ids: np.ndarray, packed: np.ndarray, outdeg: np.ndarray, with_deg: bool) -> np.ndarray:
+    g = packed[0]
+    total = 0
+    for c in range(g):
+        ln = packed[1 + c]
+        total += ln // 2 if with_deg else ln
+    out = np.empty(1 + (g + 1) + total, np.int64)
+    out[0] = g
+    out[1] = 0
+    pos = 1 + g
+    w = 2 + g
+    for c in range(g):
+        ln = packed[1 + c]
+        k = ln // 2 if with_deg else ln
+        vals = packed[pos: pos + k]
+        loc = np.searchsorted(ids, vals)
+        for t in range(k):
+            if loc[t] >= ids.shape[0] or ids[loc[t]] != vals[t]:
+                raise ValueError("pagerank: a cell names a vertex its owner does not hold")
+            out[w + t] = loc[t]
+            if with_deg:
+                outdeg[loc[t]] += packed[pos + k + t]
+        w += k
+        out[2 + c] = out[1 + c] + k
+        pos += ln
+    return out
+
+
+@numba.njit(cache=True)
+def stats_init_kernel(counts: np.ndarray, stats: np.ndarray) -> np.ndarray:
+    n = counts[0]
+    stats[T_N] = n
+    stats[T_DANGLING] = counts[1] / n
+    stats[T_SUM] = 1.0
+    return stats
+
+
+@numba.njit(cache=True)
+def rank_init_kernel(inv: np.ndarray, stats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = np.full(inv.shape[0], 1.0 / stats[T_N])
+    return x, x * inv
+
+
+def mirror_scatter(contrib: np.ndarray, route: np.ndarray) -> list[np.ndarray]:
+    """Each cell of the row gets the contributions of its sources, in its own order."""
+    g = int(route[0])
+    off = route[1: g + 2]
+    idx = route[g + 2:]
+    return [contrib[idx[off[c]: off[c + 1]]] for c in range(g)]
+
+
+@numba.njit(cache=True)
+def edge_kernel(
+    indptr: np.ndarray, indices: np.ndarray, dst_ids: np.ndarray, mirror: np.ndarray
+) -> np.ndarray:
+    """Sum of rank/out-degree over in-edges, for each destination of the cell."""
+    out = np.zeros(dst_ids.shape[0])
+    for s in range(indptr.shape[0] - 1):
+        v = mirror[s]
+        for e in range(indptr[s], indptr[s + 1]):
+            out[indices[e]] += v
+    return out
+
+
+@numba.njit(cache=True)
+def vertex_kernel(
+    incoming: np.ndarray, route: np.ndarray, x: np.ndarray, inv: np.ndarray, stats: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x' = alpha * (in-sum + dangling mass / N) + (1 - alpha) / N, as networkx.
+
+    Returns (x', contribution x' / out-degree, [L1 change, dangling mass of x', sum of x']).
+    """
+    n = x.shape[0]
+    g = route[0]
+    idx = route[g + 2:]
+    acc = np.zeros(n)
+    for t in range(idx.shape[0]):
+        acc[idx[t]] += incoming[t]
+    alpha = stats[T_ALPHA]
+    nv = stats[T_N]
+    xn = np.empty(n)
+    contrib = np.empty(n)
+    l1 = 0.0
+    dang = 0.0
+    tot = 0.0
+    for i in range(n):
+        v = alpha * (acc[i] + stats[T_DANGLING] / nv) + (1.0 - alpha) / nv
+        xn[i] = v
+        contrib[i] = v * inv[i]
+        l1 += abs(v - x[i])
+        tot += v
+        if inv[i] == 0.0:
+            dang += v
+    return xn, contrib, np.array([l1, dang, tot])
+
+
+@numba.njit(cache=True)
+def step_kernel(vsum: np.ndarray, stats: np.ndarray) -> np.ndarray:
+    stats[T_ITER] += 1
+    stats[T_L1] = vsum[0]
+    stats[T_DANGLING] = vsum[1]
+    stats[T_SUM] = vsum[2]
+    return stats
+
+
+@numba.njit(cache=True)
+def not_converged(stats: np.ndarray) -> bool:
+    return stats[T_L1] >= stats[T_TOL]
+
+
+@numba.njit(cache=True)
+def edge_count_kernel(indices: np.ndarray) -> np.ndarray:
+    return np.array([float(indices.shape[0])])
+
+
+# ------------------------------------------------------------------- driver
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="pagerank.py",
+        description="PageRank (networkx semantics) with a 2-D vertex-cut on canary.",
+    )
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--input", help="edge list: SNAP-style text ('#' comments, 'SRC DST' "
+                                     "lines) or .npy (m, 2) integer array")
+    src.add_argument("--generate", default=None, metavar="V,E",
+                     help="seeded R-MAT graph (default 100000,1000000 when no --input)")
+    ap.add_argument("--sparse-ids", action="store_true",
+                    help="with --generate: scatter vertex ids over [0, 2**40)")
+    ap.add_argument("--damping", type=float, default=0.85)
+    ap.add_argument("--tol", type=float, default=1e-10,
+                    help="stop when the L1 change of the ranks is below this")
+    ap.add_argument("--max-iter", type=int, default=100)
+    ap.add_argument("--partitions", type=int, default=None,
+                    help="edge partitions, a perfect square g*g (default: the smallest square "
+                         ">= 4 per worker); vertices get g partitions")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output", help="write 'vertex rank' lines, sorted by vertex id")
+    ap.add_argument("--top", type=int, default=0, help="print the K highest-ranked vertices")
+    ap.add_argument("--metrics", help="write one JSON line per iteration to this file")
+    ap.add_argument("--print-every", type=int, default=1, help="progress line every K iterations")
+    args = ap.parse_args(argv)
+    args.on_progress = None  # set by main() on rank 0; tests may set their own
+    args.want_ranks = bool(args.output or args.top)
+    if args.input is None and args.generate is None:
+        args.generate = "100000,1000000"
+    if args.generate is not None:
+        try:
+            v, e = (int(t) for t in args.generate.split(","))
+        except ValueError:
+            ap.error(f"--generate expects V,E (two integers), got {args.generate!r}")
+        if v < 1 or e < 1:
+            ap.error(f"--generate V,E must be positive (an empty graph has no PageRank), "
+                     f"got {args.generate!r}")
+        args.n_vertices, args.n_edges = v, e
+    if not (0.0 < args.damping < 1.0):
+        ap.error(f"--damping must be in (0, 1), got {args.damping}")
+    if args.tol <= 0 or args.max_iter < 0 or args.top < 0:
+        ap.error("--tol must be > 0, --max-iter >= 0 and --top >= 0")
+    if args.partitions is not None:
+        g = math.isqrt(max(args.partitions, 0))
+        if args.partitions < 1 or g * g != args.partitions:
+            lo, hi = max(1, g) ** 2, (g + 1) ** 2
+            ap.error(f"--partitions must be a perfect square (a g x g grid of edge blocks), "
+                     f"got {args.partitions}; try {lo} or {hi}")
+    return args
+
+
+def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dict[str, Any]]:
+    """Declare the program (on every rank, identically). Returns it and the graph's shape."""
+    if args.input is not None:
+        m = count_edges(args.input)  # raises for an empty graph, naming the file
+        is_npy = os.path.splitext(args.input)[1].lower() == ".npy"
+    else:
+        m = args.n_edges
+        is_npy = False
+    if args.partitions:
+        g = math.isqrt(args.partitions)
+    else:
+        g = max(1, math.ceil(math.sqrt(4 * max(n_workers, 1))))
+    P = g * g
+    if args.input is not None and not is_npy:
+        ranges = split_byte_ranges(args.input, P)
+    else:
+        ranges = partition_rows(m, P)
+
+    def load(i: int, parts: int) -> np.ndarray:
+        a, b = ranges[i]
+        if args.input is None:
+            return rmat_edges(args.n_vertices, args.n_edges, args.seed, start=a, stop=b,
+                              sparse_ids=args.sparse_ids)
+        if is_npy:
+            return read_edges_rows(args.input, a, b)
+        return read_edges_range(args.input, a, b)
+
+    def ids_scatter(e: np.ndarray) -> list[np.ndarray]:
+        u = np.unique(e)
+        own = vertex_owner(u, g)
+        return [u[own == b] for b in range(g)]
+
+    def cell_scatter(e: np.ndarray) -> list[np.ndarray]:
+        cell = vertex_owner(e[:, 0], g) * g + vertex_owner(e[:, 1], g)
+        order = np.argsort(cell, kind="stable")
+        bounds = np.searchsorted(cell[order], np.arange(P + 1))
+        es = e[order]
+        return [es[bounds[q]: bounds[q + 1]] for q in range(P)]
+
+    p = canary.Program("pagerank")
+    raw = p.dataset("raw_edges", P)
+    cells = p.dataset("cell_edges", P)
+    indptr = p.dataset("csr_indptr", P)
+    indices = p.dataset("csr_indices", P)
+    src_ids = p.dataset("src_ids", P)
+    dst_ids = p.dataset("dst_ids", P)
+    mirror = p.dataset("mirrors", P)
+    partial = p.dataset("partial", P)
+    ecount_local = p.dataset("local_edge_count", P)
+    vids = p.dataset("vertex_ids", g)
+    src_in = p.dataset("source_routing_in", g)
+    dst_in = p.dataset("dest_routing_in", g)
+    route_src = p.dataset("source_routing", g)
+    route_dst = p.dataset("dest_routing", g)
+    inv = p.dataset("inv_out_degree", g)
+    vinfo = p.dataset("vertex_info", g)
+    x = p.dataset("ranks", g)
+    contrib = p.dataset("contribution", g)
+    incoming = p.dataset("incoming", g)
+    vstat = p.dataset("vertex_stats", g)
+    local_stats = p.dataset("local_stats", g)
+    counts = p.dataset("vertex_counts", 1)
+    stats = p.dataset("stats", 1)
+    vsum = p.dataset("stats_sum", 1)
+    ecount = p.dataset("edge_count", 1)
+
+    # --- set-up: vertex ownership, grid cells, CSR, routing tables
+    p.load([raw], load, name="load_edges")
+    p.scatter_gather(raw, vids, ids_scatter, unique_ids, name="shuffle_vertex_ids")
+    p.scatter_gather(raw, cells, cell_scatter, "concat", name="shuffle_edges_to_cells")
+    p.compute(release_kernel, [raw], [raw])
+    p.compute(csr_kernel, [cells], [indptr, indices, src_ids, dst_ids])
+    p.compute(release_kernel, [cells], [cells])
+    p.scatter_gather([indptr, src_ids], src_in, source_piece, pack,
+                     targets=lambda q: [q // g], one_piece=True, name="route_sources")
+    p.scatter_gather(dst_ids, dst_in, None, pack, targets=lambda q: [q % g], one_piece=True,
+                     name="route_destinations")
+    p.compute(vertex_setup_kernel, [vids, src_in, dst_in], [route_src, route_dst, inv, vinfo])
+    p.reduce(vinfo, counts, name="count_vertices")
+    stats0 = np.zeros(T_LEN)
+    stats0[[T_L1, T_ALPHA, T_TOL]] = [np.inf, args.damping, args.tol]
+    p.load([stats], lambda i, n_: stats0.copy(), name="init_stats")
+    p.compute(stats_init_kernel, [counts, stats], [stats])
+    p.compute(edge_count_kernel, [indices], [ecount_local])
+    p.reduce(ecount_local, ecount, name="count_edges")
+    p.broadcast(stats, local_stats, name="broadcast_n")
+    p.compute(rank_init_kernel, [inv, local_stats], [x, contrib])
+
+    # --- power iteration
+    with p.while_(not_converged, on=stats, max_iter=args.max_iter):
+        p.broadcast(stats, local_stats)
+        p.scatter_gather([contrib, route_src], mirror, mirror_scatter, "replace",
+                         targets=lambda b: [b * g + c for c in range(g)], name="send_to_mirrors")
+        p.compute(edge_kernel, [indptr, indices, dst_ids, mirror], [partial])
+        p.scatter_gather(partial, incoming, None, "concat", targets=lambda q: [q % g],
+                         one_piece=True, name="send_to_owners")
+        p.compute(vertex_kernel, [incoming, route_dst, x, inv, local_stats],
+                  [x, contrib, vstat])
+        p.reduce(vstat, vsum)
+        p.compute(step_kernel, [vsum, stats], [stats])
+        p.report(stats, callback=args.on_progress)
+    p.report(stats, name="final_stats")
+    p.report(ecount, name="final_edge_count")
+    if args.want_ranks:
+        p.report(vids, name="final_vertex_ids")
+        p.report(x, name="final_ranks")
+    return p, {"edges": m, "partitions": P, "grid": g}
+
+
+def ranks_by_id(result: canary.JobResult) -> tuple[np.ndarray, np.ndarray]:
+    """(vertex ids sorted, their ranks) from a job that reported them."""
+    ids = result.concat("vertex_ids")
+    r = result.concat("ranks")
+    order = np.argsort(ids, kind="stable")
+    return ids[order], r[order]
+
+
+def write_ranks(path: str, ids: np.ndarray, ranks: np.ndarray) -> None:
+    with open(path, "w") as f:
+        for a in range(0, len(ids), 65536):
+            f.write("".join(f"{int(i)} {float(r):.17g}\n"
+                            for i, r in zip(ids[a:a + 65536], ranks[a:a + 65536])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    is_root = comm.Get_rank() == 0
+    t0 = time.perf_counter()
+    metrics = open(args.metrics, "w") if (args.metrics and is_root) else None  # noqa: SIM115
+
+    def on_progress(ev: canary.ReportEvent) -> None:
+        s = ev.value
+        it = int(s[T_ITER])
+        row = {"iteration": it, "l1_change": float(s[T_L1]), "dangling_mass": float(s[T_DANGLING]),
+               "rank_sum": float(s[T_SUM]), "seconds": round(ev.seconds, 6), "tasks": ev.tasks}
+        if metrics is not None:
+            metrics.write(json.dumps(row) + "\n")
+        if args.print_every and it % args.print_every == 0:
+            print(f"iter {it:4d}  L1 change {row['l1_change']:.3e}  tasks {ev.tasks}  "
+                  f"{ev.seconds:.3f}s", flush=True)
+
+    args.on_progress = on_progress
+    try:
+        prog, shape = build(args, comm.Get_size() - 1)
+    except (InputFormatError, FileNotFoundError, IsADirectoryError) as exc:
+        if is_root:
+            print(f"pagerank: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    result = canary.run(prog, comm)
+    if result is None:
+        return 0
+    if metrics is not None:
+        metrics.close()
+    s = result.value("stats")
+    top: list[list[float]] = []
+    if args.want_ranks:
+        ids, ranks = ranks_by_id(result)
+        if args.output:
+            write_ranks(args.output, ids, ranks)
+        if args.top:
+            order = np.lexsort((ids, -ranks))[: args.top]
+            print(f"top {len(order)} vertices by rank:")
+            for j in order:
+                print(f"  {int(ids[j])} {float(ranks[j]):.17g}")
+                top.append([int(ids[j]), float(ranks[j])])
+    summary = {
+        "app": "pagerank", "vertices": int(s[T_N]), "edges": shape["edges"],
+        "distinct_edges": int(result.value("edge_count")[0]),
+        "partitions": shape["partitions"], "grid": shape["grid"], "workers": result.workers,
+        "iterations": int(s[T_ITER]), "l1_change": float(s[T_L1]), "rank_sum": float(s[T_SUM]),
+        "converged": bool(s[T_L1] < args.tol),
+        "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
+        "controller_messages": result.scheduling_messages,
+    }
+    if top:
+        summary["top"] = top
+    print(f"L1 change {summary['l1_change']:.3e} after {summary['iterations']} iterations "
+          f"({summary['vertices']} vertices, {summary['distinct_edges']} distinct edges)",
+          flush=True)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
