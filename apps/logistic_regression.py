@@ -45,9 +45,9 @@ def gradient_kernel(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     out = np.zeros(d + 3)
     loss = 0.0
     for i in range(n):
-        z: float = w[d]
+        z = float(w[d])
         for j in range(d):
-            z += X[i, j] * w[j]
+            z += float(X[i, j] * w[j])
         ez = math.exp(-abs(z))
         p = 1.0 / (1.0 + ez) if z >= 0 else ez / (1.0 + ez)
         loss += (z if z > 0.0 else 0.0) + math.log1p(ez) - y[i] * z
