@@ -75,4 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from canary.script import run_main
+
+    sys.exit(run_main(__file__))  # under the name apps.<module>: one numba cache
