@@ -17,11 +17,14 @@ from worker.state import RunTask, Task, WorkerState
 
 
 def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
-               max_sleep: float = 2.5e-4) -> WorkerState:
+               max_sleep: float = 2.5e-4, stats: dict[str, float] | None = None) -> WorkerState:
     """Run this rank as worker ``comm.rank - 1`` until the controller says Shutdown.
 
     Raises :class:`TaskError` (after telling the controller) if a task fails, and
-    :class:`JobAborted` if the controller aborts the job.
+    :class:`JobAborted` if the controller aborts the job. If ``stats`` is given it receives
+    ``t_first``/``cpu_first`` (``time.perf_counter()`` and ``time.process_time()`` when the
+    first task became runnable) and ``t_done``/``cpu_done`` (when the worker had sent Done):
+    the busy window the scheduler benchmark measures. They are taken outside the per-task path.
     """
     state = WorkerState(program, comm.Get_rank() - 1, comm.Get_size() - 1, window)
     tx = MpiTransport(comm)
@@ -47,6 +50,9 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
             if isinstance(msg, Abort):
                 raise JobAborted(msg.reason)
             apply(state.handle(msg))
+            if stats is not None and runq and "t_first" not in stats:
+                stats["t_first"] = time.perf_counter()
+                stats["cpu_first"] = time.process_time()
             got = tx.poll()
         if runq:
             backoff.reset()
@@ -55,6 +61,9 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
             if isinstance(ev, TaskFailed):
                 _wait_for_abort(tx, ev.message)
             continue
+        if stats is not None and state.done_sent and "t_done" not in stats:
+            stats["t_done"] = time.perf_counter()
+            stats["cpu_done"] = time.process_time()
         tx.progress()
         backoff.sleep()
 
