@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="single-slot workers (default 1000; --full 10000)")
     p.add_argument("--probe-ratio", "-d", type=int, default=2, dest="d")
     p.add_argument("--horizon", type=float, help="seconds of arrivals (default 5; --full 10)")
+    p.add_argument(
+        "--rtt-ms", type=float, default=1.0, help="network round trip (ms); 0 removes the race"
+    )
     _common(p)
 
     p = sub.add_parser("priority", help="Sparrow Table 3: high- vs low-priority user")
@@ -152,6 +155,7 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], Callable[[Sequence[Row], 
             horizon=args.horizon or (10.0 if full else 5.0),
             seed=args.seed,
             d=args.d,
+            rtt=args.rtt_ms / 1000.0,
             on_row=out,
         )
         return rows, plots.plot_zero_wait
