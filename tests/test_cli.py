@@ -1,0 +1,44 @@
+"""The `canary run` launcher: the mpiexec command it builds, and a real run through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from canary.cli import main, mpiexec_command
+from tests.conftest import ROOT
+
+
+def test_command_is_one_controller_plus_n_workers_unbuffered() -> None:
+    cmd = mpiexec_command(3, "apps/x.py", ["--reg", "1"], mpiexec="/opt/mpi/bin/mpiexec")
+    assert cmd == ["/opt/mpi/bin/mpiexec", "-n", "4", sys.executable, "-u", "-m", "mpi4py",
+                   "apps/x.py", "--reg", "1"]
+
+
+def test_hostfile_is_passed_through() -> None:
+    cmd = mpiexec_command(2, "a.py", [], hostfile="hosts.txt", mpiexec="mpiexec")
+    assert cmd[:4] == ["mpiexec", "-f", "hosts.txt", "-n"] and cmd[4] == "3"
+
+
+def test_bad_invocations_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="at least 1 worker"):
+        mpiexec_command(0, "a.py", [], mpiexec="mpiexec")
+    assert main(["run", "-n", "2", "does/not/exist.py"]) == 2
+    assert "script not found: does/not/exist.py" in capsys.readouterr().err
+    assert main(["run", "-n", "0", "apps/power_iteration.py"]) == 2
+    assert "at least 1 worker" in capsys.readouterr().err
+
+
+def test_canary_run_executes_the_default_example_end_to_end() -> None:
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120")
+    r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout", "120",
+                        "apps/logistic_regression.py", "--generate", "3000,5", "--print-every",
+                        "10"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert "iter    10  objective" in r.stdout and "training accuracy" in r.stdout
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["workers"] == 2 and s["rows"] == 3000 and s["converged"]
