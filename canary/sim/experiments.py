@@ -219,9 +219,10 @@ def zero_wait_experiment(
     return rows
 
 
-def _summary(resp: np.ndarray) -> dict[str, float]:
+def _summary(resp: np.ndarray) -> dict[str, float | None]:
     if resp.size == 0:
-        return {"mean_ms": float("nan"), "median_ms": float("nan"), "p95_ms": float("nan")}
+        # null, not NaN: NaN is not valid JSON and these rows are printed as JSON.
+        return {"mean_ms": None, "median_ms": None, "p95_ms": None}
     return {
         "mean_ms": _ms(resp.mean()),
         "median_ms": _ms(np.median(resp)),
