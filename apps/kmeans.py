@@ -577,8 +577,10 @@ def main(argv: list[str] | None = None) -> int:
         "app": "kmeans", "points": shape["n"], "features": shape["d"], "k": shape["k"],
         "partitions": shape["partitions"], "workers": result.workers,
         "iterations": int(r[0]), "inertia": float(r[1]),
-        "converged": bool(r[2] == 0 or r[3] <= r[5]), "labels_changed": int(r[2]),
-        "center_shift": float(r[3]),
+        "converged": bool(r[2] == 0 or r[3] <= r[5]),
+        # before any iteration (--max-iter 0) both are unknown: null in the JSON
+        "labels_changed": int(r[2]) if np.isfinite(r[2]) else None,
+        "center_shift": float(r[3]) if np.isfinite(r[3]) else None,
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
         "controller_messages": result.scheduling_messages,
     }

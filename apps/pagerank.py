@@ -512,14 +512,14 @@ def main(argv: list[str] | None = None) -> int:
         "app": "pagerank", "vertices": int(s[T_N]), "edges": shape["edges"],
         "distinct_edges": int(result.value("edge_count")[0]),
         "partitions": shape["partitions"], "grid": shape["grid"], "workers": result.workers,
-        "iterations": int(s[T_ITER]), "l1_change": float(s[T_L1]), "rank_sum": float(s[T_SUM]),
+        "iterations": int(s[T_ITER]), "l1_change": float(s[T_L1]) if np.isfinite(s[T_L1]) else None, "rank_sum": float(s[T_SUM]),
         "converged": bool(s[T_L1] < args.tol),
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
         "controller_messages": result.scheduling_messages,
     }
     if top:
         summary["top"] = top
-    print(f"L1 change {summary['l1_change']:.3e} after {summary['iterations']} iterations "
+    print(f"L1 change {float(s[T_L1]):.3e} after {summary['iterations']} iterations "
           f"({summary['vertices']} vertices, {summary['distinct_edges']} distinct edges)",
           flush=True)
     print(json.dumps(summary), flush=True)
