@@ -110,3 +110,17 @@ def test_bad_inputs() -> None:
         jobs([0.0], [[-1.0]])
     with pytest.raises(ValueError, match="distribution"):
         poisson_jobs(np.random.default_rng(), 1.0, 1, 0.1, num_jobs=3, distribution="zipf")
+
+
+def test_hfsp_worker_queue_runs_small_jobs_first() -> None:
+    # One worker, early binding: a 5-task job then a 1-task job; HFSP (estimates
+    # from task counts) runs the small job's task as soon as the slot frees.
+    from canary.sched.hfsp import HfspQueue
+
+    js = jobs([0.0, 0.1], [[1.0] * 5, [1.0]])
+    r = simulate_cluster(
+        js, RandomPlacement(), 1, 1, rtt=0.0, queue_factory=lambda: HfspQueue("hfsp")
+    )
+    assert r.finish.tolist() == [6.0, 2.0]
+    fifo = simulate_cluster(js, RandomPlacement(), 1, 1, rtt=0.0)
+    assert fifo.finish.tolist() == [5.0, 6.0]
