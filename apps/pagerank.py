@@ -527,10 +527,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # numba's cache=True entries record the module they were compiled in; kernels cached while
-    # this file was imported as ``apps.<name>`` (tests) are reloaded by importing that name, so
-    # make the repository root importable when the file runs as a script.
-    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if _root not in sys.path:
-        sys.path.append(_root)
-    sys.exit(main())
+    from canary.script import run_main
+
+    sys.exit(run_main(__file__))  # under the name apps.<module>: one numba cache
