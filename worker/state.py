@@ -70,19 +70,24 @@ _KIND_OF = {LOAD: K_LOAD, COMPUTE: K_COMPUTE, REPORT: K_REPORT, SIGNAL: K_SIGNAL
 class Task:
     """One task: a stage instance (``seq``) applied to partition ``part``."""
 
-    __slots__ = ("tid", "seq", "stage", "kind", "part", "iteration", "waiting", "pieces", "accesses")
+    __slots__ = ("tid", "seq", "stage", "kind", "part", "iteration", "waiting", "pieces", "accesses",
+                 "reads", "writes")
 
     def __init__(self, tid: int, seq: int, stage: Stage, kind: str, part: int,
-                 iteration: tuple[int, ...]) -> None:
+                 iteration: tuple[int, ...], accesses: tuple[tuple[Partition, int], ...] = (),
+                 reads: tuple[Partition, ...] = (), writes: tuple[Partition, ...] = ()) -> None:
         self.tid = tid
         self.seq = seq
         self.stage = stage
         self.kind = kind
         self.part = part
         self.iteration = iteration
-        self.waiting = 0
+        self.waiting = len(accesses)
         self.pieces: dict[int, np.ndarray] | None = None
-        self.accesses: list[tuple[Partition, int]] = []
+        # Shared per-(stage, kind, partition) tables, built once (see WorkerState._plan).
+        self.accesses = accesses  # (partition, READ/WRITE) in grant order
+        self.reads = reads  # the partitions whose values are the task's arguments
+        self.writes = writes  # the partitions its outputs replace (compute, load)
 
     def label(self) -> str:
         return f"{self.stage.label(self.iteration)}, {self.kind} task on partition {self.part}"
@@ -161,6 +166,10 @@ class WorkerState:
         self.failed = False
         self.sent: dict[str, int] = {}
         self._eid = 0
+        # (stage id, kind) -> {partition index: (accesses, reads, writes)}: the per-task tables
+        # of the hot path, built on first use; cleared whenever the local partitions change.
+        self._plans: dict[tuple[int, str], dict[int, tuple[Any, ...]]] = {}
+        self._tasks_per_instance = [program.tasks_per_instance(st) for st in program.stages]
         self._handlers: dict[type, Callable[[Any, list[Any]], None]] = {
             Placement: self._on_placement,
             TaskDone: self._on_task_done,
@@ -178,6 +187,14 @@ class WorkerState:
     def handle(self, event: Any) -> list[Any]:
         """Apply one event; return the instructions it causes. Raises KeyError on unknown events."""
         out: list[Any] = []
+        if type(event) is TaskDone:
+            # The hot path. Only a retired stage instance can unblock the interpreter (room in
+            # the run-ahead window, a local signal's value, the end), so advance only then.
+            live = len(self.live)
+            self._on_task_done(event, out)
+            if len(self.live) < live and not self.failed:
+                self._advance(out)
+            return out
         self._handlers[type(event)](event, out)
         if self.map is not None and not self.failed:
             self._advance(out)
@@ -188,7 +205,7 @@ class WorkerState:
         st = task.stage
         kind = task.kind
         if kind == K_COMPUTE or kind == K_SCATTER:
-            args = tuple(self.parts[(d.id, task.part)].value for d in st.reads)
+            args = tuple([p.value for p in task.reads])
             if st.fn is None:  # scatter with no function: send the partition itself
                 return _identity, args
             return st.fn, args
@@ -231,6 +248,7 @@ class WorkerState:
                 for d in grp:
                     for i in self.local[g]:
                         self.parts[(d.id, i)] = Partition(d.id, i)
+            self._plans.clear()
         else:
             self.map.merge(ev.map)
         held, self.held = self.held, []
@@ -267,8 +285,8 @@ class WorkerState:
         seq = task.seq
         res = ev.outputs
         if kind == K_COMPUTE or kind == K_LOAD:
-            for d, v in zip(st.writes, res):
-                self.parts[(d.id, task.part)].value = v
+            for p, v in zip(task.writes, res):
+                p.value = v
         elif kind == K_SCATTER:
             self._scatter(task, res, out)
         elif kind == K_GATHER:
@@ -374,18 +392,18 @@ class WorkerState:
         """Create the local tasks of the next stage instance and queue their accesses."""
         seq = self.seq
         self.seq += 1
-        self.program_tasks += self.program.tasks_per_instance(st)
+        self.program_tasks += self._tasks_per_instance[st.id]
         it = tuple(self.counters)
         n = 0
         if st.kind == SCATTER_GATHER:
             assert st.dst is not None
             src_local = self.local[self._group[st.reads[0].id]]
             for i in src_local:
-                self._new_task(seq, st, K_SCATTER, i, it, st.accesses, out)
+                self._new_task(seq, st, K_SCATTER, i, it, out)
             n += len(src_local)
             dst_local = self.local[self._group[st.dst.id]]
             for j in dst_local:
-                t = self._new_task(seq, st, K_GATHER, j, it, ((st.dst, WRITE),), None)
+                t = self._new_task(seq, st, K_GATHER, j, it, None)
                 t.pieces = self.early.pop((seq, j), {})
                 t.waiting += len(st.sources[j]) - len(t.pieces)
                 self.gathers[(seq, j)] = t
@@ -393,29 +411,63 @@ class WorkerState:
             n += len(dst_local)
         elif st.kind == SIGNAL:
             if self.local[self._group[st.reads[0].id]]:
-                self._new_task(seq, st, K_SIGNAL, 0, it, st.accesses, out)
+                self._new_task(seq, st, K_SIGNAL, 0, it, out)
                 n = 1
         else:
             kind = _KIND_OF[st.kind]
             if kind == K_REPORT:
                 self.report_marks[seq] = self.program_tasks
-            idxs = self.local[self._group[(st.reads or st.writes)[0].id]]
-            for i in idxs:
-                self._new_task(seq, st, kind, i, it, st.accesses, out)
-            n = len(idxs)
+            plan = self._plans.get((st.id, kind))
+            if plan is None:
+                plan = self._plan(st, kind)
+            tasks = self.tasks
+            tid = self._tid
+            for i, (acc, rd, wr) in plan.items():  # inlined _new_task: the hot path
+                t = Task(tid, seq, st, kind, i, it, acc, rd, wr)
+                tasks[tid] = t
+                tid += 1
+                for p, mode in acc:
+                    q = p.queue
+                    q.append((t, mode))
+                    if q[0][0] is t:
+                        self._pump(p, out)
+                if not acc:
+                    out.append(RunTask(t))
+            self._tid = tid
+            n = len(plan)
         if n:
             self.live[seq] = self.live.get(seq, 0) + n
 
+    def _plan(self, st: Stage, kind: str) -> dict[int, tuple[Any, ...]]:
+        """Per local partition ``i`` of ``st``'s ``kind`` side: (accesses, reads, writes) as
+        tuples of this worker's :class:`Partition` objects, so spawning a task and calling its
+        function look nothing up."""
+        parts = self.parts
+        if kind == K_GATHER:
+            assert st.dst is not None
+            idxs = self.local[self._group[st.dst.id]]
+            accesses: tuple[tuple[Any, int], ...] = ((st.dst, WRITE),)
+            reads: tuple[Any, ...] = ()
+            writes: tuple[Any, ...] = ()
+        else:
+            idxs = [0] if kind == K_SIGNAL else self.local[self._group[(st.reads or st.writes)[0].id]]
+            accesses, reads, writes = st.accesses, st.reads, st.writes
+        plan = {i: (tuple((parts[(d.id, i)], mode) for d, mode in accesses),
+                    tuple(parts[(d.id, i)] for d in reads),
+                    tuple(parts[(d.id, i)] for d in writes)) for i in idxs}
+        self._plans[(st.id, kind)] = plan
+        return plan
+
     def _new_task(self, seq: int, st: Stage, kind: str, part: int, it: tuple[int, ...],
-                  accesses: tuple[tuple[Any, int], ...], out: list[Any] | None) -> Task:
-        t = Task(self._tid, seq, st, kind, part, it)
+                  out: list[Any] | None) -> Task:
+        plan = self._plans.get((st.id, kind))
+        if plan is None:
+            plan = self._plan(st, kind)
+        acc, rd, wr = plan[part]
+        t = Task(self._tid, seq, st, kind, part, it, acc, rd, wr)
         self._tid += 1
         self.tasks[t.tid] = t
-        t.waiting = len(accesses)
-        parts = self.parts
-        for d, mode in accesses:
-            p = parts[(d.id, part)]
-            t.accesses.append((p, mode))
+        for p, mode in acc:
             p.queue.append((t, mode))
         if out is not None:
             self._pump_task(t, out)
@@ -423,7 +475,8 @@ class WorkerState:
 
     def _pump_task(self, t: Task, out: list[Any]) -> None:
         for p, _ in t.accesses:
-            if p.queue and p.queue[0][0] is t:
+            q = p.queue
+            if q and q[0][0] is t:
                 self._pump(p, out)
         if t.waiting == 0 and not t.accesses:
             out.append(RunTask(t))
@@ -435,6 +488,13 @@ class WorkerState:
         q = p.queue
         while q:
             t, mode = q[0]
+            if mode == WRITE and not p.writer and not p.readers:  # the common case first
+                p.writer = True
+                q.popleft()
+                t.waiting -= 1
+                if t.waiting == 0:
+                    out.append(RunTask(t))
+                break
             if mode == READ:
                 if p.writer:
                     break
