@@ -159,7 +159,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--output", help="write coef (d,) and intercept to this .npz")
     ap.add_argument("--metrics", help="write one JSON line per iteration to this file")
     ap.add_argument("--print-every", type=int, default=1, help="progress line every K iterations")
+    ap.add_argument("--trace", default=None, metavar="PATH",
+                    help="write a Chrome trace-event JSON of the run (sets CANARY_TRACE)")
     args = ap.parse_args(argv)
+    if args.trace:
+        import os
+
+        os.environ["CANARY_TRACE"] = args.trace
     args.on_progress = None  # set by main() on rank 0; tests may set their own
     if args.input is None and args.generate is None:
         args.generate = "20000,20"

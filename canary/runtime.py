@@ -8,9 +8,11 @@ import traceback
 from canary.errors import JobAborted
 from canary.harness import JobResult, run_local
 from canary.program import Program
+from canary.trace import Tracer, gather_and_write, trace_path
 
 
-def run(program: Program, comm: object | None = None, window: int = 64) -> JobResult | None:
+def run(program: Program, comm: object | None = None, window: int = 64,
+        trace: str | None = None) -> JobResult | None:
     """Run ``program``: rank 0 becomes the controller, ranks 1..N the workers.
 
     Returns the :class:`JobResult` on rank 0 and ``None`` on workers. With a single rank (a
@@ -18,6 +20,10 @@ def run(program: Program, comm: object | None = None, window: int = 64) -> JobRe
     without MPI. If anything fails on any rank, the reason (rank, stage, partition, traceback)
     is printed once to stderr and the whole MPI job is aborted with exit code 1, so no rank is
     left hanging.
+
+    ``trace=PATH`` (or the environment variable ``CANARY_TRACE=PATH``) writes a Chrome
+    trace-event JSON of the job to PATH on rank 0: one track per rank, every task and message
+    (see :mod:`canary.trace`). Not available for the in-process single-rank run.
     """
     from mpi4py import MPI
 
@@ -27,16 +33,30 @@ def run(program: Program, comm: object | None = None, window: int = 64) -> JobRe
     if size == 1:
         print("canary: one MPI rank, so running in-process with one worker "
               "(use `canary run -n N` for N workers)", file=sys.stderr)
+        if trace_path(trace):
+            print("canary: --trace/CANARY_TRACE needs an MPI run; no trace written",
+                  file=sys.stderr)
         return run_local(program, workers=1)
+    path = trace_path(trace)
     try:
+        tracer = (Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}")
+                  if path else None)
+        result: JobResult | None = None
         if rank == 0:
             from controller.runtime import run_controller
 
-            return run_controller(program, comm)
-        from worker.runtime import run_worker
+            result = run_controller(program, comm, tracer=tracer)
+        else:
+            from worker.runtime import run_worker
 
-        run_worker(program, comm, window)
-        return None
+            run_worker(program, comm, window, tracer=tracer)
+        if tracer is not None and path:
+            gather_and_write(comm, tracer, path, {"program": program.name,
+                                                  "workers": size - 1})
+            if rank == 0:
+                print(f"canary: trace written to {path} (open it in https://ui.perfetto.dev)",
+                      file=sys.stderr, flush=True)
+        return result
     except JobAborted as exc:
         if rank == 0:
             print(f"canary: job aborted: {exc}", file=sys.stderr, flush=True)

@@ -11,15 +11,17 @@ from canary.harness import JobResult
 from canary.messages import Callback, Fail, Finish, ReportPart, Send
 from canary.mpi_transport import Backoff, MpiTransport
 from canary.program import Program
+from canary.trace import Tracer
 from controller.state import ControllerState
 
 
-def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2) -> JobResult:
+def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
+                   tracer: Tracer | None = None) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
     after telling every worker to abort. CPU time spent in report callbacks (user code) is
-    excluded from ``controller_cpu_seconds``.
+    excluded from ``controller_cpu_seconds``. A ``tracer`` records every message.
     """
     state = ControllerState(program, comm.Get_size() - 1)
     tx = MpiTransport(comm)
@@ -34,6 +36,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2) ->
             backoff.sleep()
             continue
         msg = got[1]
+        if tracer is not None:
+            tracer.recv(got[0], msg)
         if isinstance(msg, ReportPart):
             # Reports are not latency-critical: stay asleep-ish so a chatty driver keeps the
             # controller near idle.
@@ -42,6 +46,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2) ->
             backoff.reset()
         for ins in state.handle(msg):
             if isinstance(ins, Send):
+                if tracer is not None:
+                    tracer.send(ins.dest, ins.message)
                 tx.send(ins.dest, ins.message)
             elif isinstance(ins, Callback):
                 u0 = time.process_time()

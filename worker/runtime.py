@@ -10,9 +10,10 @@ from mpi4py import MPI
 
 from canary.errors import JobAborted, TaskError
 from canary.execute import run_task
-from canary.messages import Abort, Send, Shutdown, TaskFailed
+from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
 from canary.mpi_transport import Backoff, MpiTransport
 from canary.program import Program
+from canary.trace import Tracer
 from worker.state import RunTask, Task, WorkerState
 
 POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
@@ -20,7 +21,8 @@ MAX_BATCH = 64
 
 
 def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
-               max_sleep: float = 2.5e-4, stats: dict[str, float] | None = None) -> WorkerState:
+               max_sleep: float = 2.5e-4, stats: dict[str, float] | None = None,
+               tracer: Tracer | None = None) -> WorkerState:
     """Run this rank as worker ``comm.rank - 1`` until the controller says Shutdown.
 
     Raises :class:`TaskError` (after telling the controller) if a task fails, and
@@ -28,6 +30,8 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
     ``t_first``/``cpu_first`` (``time.perf_counter()`` and ``time.process_time()`` when the
     first task became runnable) and ``t_done``/``cpu_done`` (when the worker had sent Done):
     the busy window the scheduler benchmark measures. They are taken outside the per-task path.
+    With a :class:`canary.trace.Tracer`, every task and message is recorded (the only cost
+    when it is None is one test per task).
     """
     state = WorkerState(program, comm.Get_rank() - 1, comm.Get_size() - 1, window)
     tx = MpiTransport(comm)
@@ -38,6 +42,12 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
     popleft = runq.popleft
     handle = state.handle
     send = tx.send
+    if tracer is not None:
+        clock = tracer.clock
+
+        def send(dest: int, msg: Any) -> None:
+            tracer.send(dest, msg)
+            tx.send(dest, msg)
 
     def apply(instrs: list[Any]) -> None:
         for ins in instrs:
@@ -57,6 +67,8 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
         got = tx.poll()
         while got is not None:
             msg = got[1]
+            if tracer is not None:
+                tracer.recv(got[0], msg)
             if isinstance(msg, Shutdown):
                 tx.flush()
                 return state
@@ -73,7 +85,13 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
             n = 0
             while n < batch and runq:
                 n += 1
-                ev = run_task(state, popleft())
+                if tracer is None:
+                    ev = run_task(state, popleft())
+                else:
+                    task = popleft()
+                    t_start = clock()
+                    ev = run_task(state, task)
+                    tracer.task(task, t_start, clock(), type(ev) is TaskDone)
                 for ins in handle(ev):
                     if type(ins) is RunTask:
                         push(ins.task)

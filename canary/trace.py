@@ -1,0 +1,140 @@
+"""Chrome trace-event output (open the file in https://ui.perfetto.dev or chrome://tracing).
+
+``canary.run(program, trace=PATH)``, or the environment variable ``CANARY_TRACE=PATH`` (which
+every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
+
+* each task as a complete event (``ph: "X"``) on its worker's track, named after its stage, with
+  the stage, kind, partition, stage-instance number and iteration in ``args``;
+* each message as a short slice on the sender's and the receiver's track (``send Piece`` /
+  ``recv Piece``) joined by a flow arrow (``ph: "s"``/``"f"``, id = the message's ``eid``, which
+  is unique per job).
+
+Timestamps are ``time.time()`` in microseconds, so the tracks of different ranks line up (on one
+host exactly; across hosts as well as their clocks agree). At the end of the job every rank sends
+its events to rank 0, which writes one JSON file. A disabled tracer costs nothing on the hot
+path: the worker runs a separate, instrumented loop only when tracing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+ENV = "CANARY_TRACE"
+MESSAGE_US = 1.0  # drawn width of a send/receive slice
+
+
+def trace_path(trace: str | None = None) -> str | None:
+    """The trace file asked for: ``trace`` if given, else ``$CANARY_TRACE``, else None."""
+    if trace:
+        return trace
+    return os.environ.get(ENV) or None
+
+
+class Tracer:
+    """Events of one rank. ``clock()`` is the time base (seconds); events are plain dicts."""
+
+    def __init__(self, rank: int, name: str) -> None:
+        self.rank = rank
+        self.events: list[dict[str, Any]] = [
+            {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": name}},
+            {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+             "args": {"sort_index": rank}},
+        ]
+        self.clock = time.time
+
+    def task(self, task: Any, start: float, end: float, ok: bool = True) -> None:
+        """A task of ``worker.state.Task`` that ran from ``start`` to ``end`` (seconds)."""
+        st = task.stage
+        self.events.append({
+            "ph": "X", "name": st.name, "cat": "task" if ok else "task,failed", "pid": self.rank,
+            "tid": 0, "ts": start * 1e6, "dur": max((end - start) * 1e6, 0.01),
+            "args": {"stage": st.id, "kind": task.kind, "partition": task.part,
+                     "seq": task.seq, "iteration": list(task.iteration)},
+        })
+
+    def send(self, dest: int, msg: Any, t: float | None = None) -> None:
+        """Message ``msg`` sent to rank ``dest`` (a flow starts)."""
+        self._message("send", dest, msg, "s", self.clock() if t is None else t)
+
+    def recv(self, src: int, msg: Any, t: float | None = None) -> None:
+        """Message ``msg`` received from rank ``src`` (the flow from its send ends)."""
+        self._message("recv", src, msg, "f", self.clock() if t is None else t)
+
+    def _message(self, what: str, peer: int, msg: Any, ph: str, t: float) -> None:
+        kind = type(msg).__name__
+        eid = getattr(msg, "eid", None)
+        ts = t * 1e6
+        args: dict[str, Any] = {"peer": peer}
+        seq = getattr(msg, "seq", None)
+        if seq is not None:
+            args["seq"] = seq
+        self.events.append({"ph": "X", "name": f"{what} {kind}", "cat": "message",
+                            "pid": self.rank, "tid": 0, "ts": ts, "dur": MESSAGE_US, "args": args})
+        if eid:
+            flow: dict[str, Any] = {"ph": ph, "name": kind, "cat": "message", "id": eid,
+                                    "pid": self.rank, "tid": 0, "ts": ts + MESSAGE_US / 2}
+            if ph == "f":
+                flow["bp"] = "e"
+            self.events.append(flow)
+
+
+def chrome_trace(per_rank: list[list[dict[str, Any]]], metadata: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """One Chrome trace object from every rank's events, timestamps relative to the first."""
+    events = [e for evs in per_rank for e in evs]
+    t0 = min((e["ts"] for e in events if "ts" in e), default=0.0)
+    out = []
+    for e in events:
+        if "ts" in e:
+            e = dict(e, ts=round(e["ts"] - t0, 3))
+            if "dur" in e:
+                e["dur"] = round(e["dur"], 3)
+        out.append(e)
+    return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": metadata or {}}
+
+
+def write_trace(path: str, per_rank: list[list[dict[str, Any]]],
+                metadata: dict[str, Any] | None = None) -> None:
+    """Write the merged trace to ``path`` (through a temporary file, then rename)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(chrome_trace(per_rank, metadata), f)
+    os.replace(tmp, path)
+
+
+def gather_and_write(comm: Any, tracer: Tracer, path: str,
+                     metadata: dict[str, Any] | None = None) -> None:
+    """Collective over ``comm``: every rank's events to rank 0, which writes ``path``."""
+    per_rank = comm.gather(tracer.events, root=0)
+    if comm.Get_rank() == 0:
+        write_trace(path, per_rank, metadata)
+
+
+def load_events(path: str) -> list[dict[str, Any]]:
+    """The ``traceEvents`` of a trace file written by :func:`write_trace`."""
+    with open(path) as f:
+        return list(json.load(f)["traceEvents"])
+
+
+def iteration_seconds(events: list[dict[str, Any]], prefix: str = "while_") -> list[float]:
+    """Seconds between consecutive instances of the main loop's signal stage.
+
+    The loop's signal task runs once per iteration (on the worker holding the tested dataset),
+    after everything the test depends on, so the gaps between the ends of its instances are the
+    iteration times as every worker sees them. The stage chosen is the one named ``prefix...``
+    with the most instances. Returns [] if there is none.
+    """
+    ends: dict[str, dict[int, float]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "task" and str(e["name"]).startswith(prefix):
+            seqs = ends.setdefault(e["name"], {})
+            seq = e["args"]["seq"]
+            seqs[seq] = max(seqs.get(seq, 0.0), e["ts"] + e["dur"])
+    if not ends:
+        return []
+    main = max(ends.values(), key=len)
+    t = [main[s] for s in sorted(main)]
+    return [(b - a) / 1e6 for a, b in zip(t, t[1:])]
