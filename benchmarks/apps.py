@@ -1,0 +1,441 @@
+"""Per-iteration time of the apps next to the bound they chase and the peers a user would pick.
+
+For each app and size, in one run:
+
+* **canary**: ``mpiexec -n W+1 python -m mpi4py apps/<app>.py --generate ... --max-iter K`` with
+  ``CANARY_TRACE`` set; the per-iteration time is the mean gap between consecutive instances of
+  the main loop's signal task as the workers recorded them (``canary.trace.iteration_seconds``),
+  first and last iteration excluded (as the paper reports). The controller's report timestamps
+  are not used: it polls with a back-off of up to 10 ms, so they arrive in bursts. Peak RSS of the largest rank
+  (each worker rank's own ``ru_maxrss``, via ``benchmarks/peak_rss.py``) minus the same app's at
+  a tiny size (the runtime's own footprint) is compared with the bytes of the partitions each
+  worker holds.
+* **numba bound**: one process, ``W`` numba threads (``parallel=True``) calling the app's own
+  kernel (logistic regression's gradient, k-means' assignment) over row blocks of the same data,
+  or a CSR pull PageRank: the memory-bandwidth-bound time canary chases. Timed on ``W`` threads
+  and on one; the faster is the bound (on a loaded machine one thread can win).
+* **peers** (optional extra, ``pip install -e .[compare]``; skipped with a message when absent):
+  Dask threaded and Dask distributed (``W`` single-thread workers), PySpark ``local[W]`` with
+  ``mapPartitions`` (numpy per partition) and the functional per-row ``map``/``reduce``
+  (logistic regression only, smallest size only unless ``--full-peers``).
+
+Every line printed is JSON; the last is the summary with the ratios.
+
+    python benchmarks/apps.py               # default sizes (a few minutes, more with peers)
+    python benchmarks/apps.py --quick       # tiny sizes (tests)
+    python benchmarks/apps.py --apps logistic_regression --no-peers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+from numba import prange
+
+ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, this file's folder comes first on sys.path and this module would shadow the
+# ``apps`` package: put the repository root first instead.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))
+
+import apps.kmeans as km_app  # noqa: E402
+import apps.logistic_regression as lr_app  # noqa: E402
+from canary.generate import logistic_data, rmat_edges  # noqa: E402
+from canary.trace import iteration_seconds, load_events  # noqa: E402
+
+SIZES: dict[str, list[tuple[int, ...]]] = {
+    "logistic_regression": [(400_000, 20), (4_000_000, 20)],
+    "kmeans": [(1_000_000, 20, 8)],
+    "pagerank": [(1_048_576, 10_000_000)],
+}
+QUICK_SIZES: dict[str, list[tuple[int, ...]]] = {
+    "logistic_regression": [(20_000, 8)],
+    "kmeans": [(20_000, 4, 3)],
+    "pagerank": [(4_096, 40_000)],
+}
+
+
+# ------------------------------------------------------------------ numba bounds
+@numba.njit(parallel=True, cache=True)
+def lr_gradient(X: np.ndarray, y: np.ndarray, w: np.ndarray, chunks: int) -> np.ndarray:
+    """The app's own gradient kernel over ``chunks`` row blocks in parallel, summed:
+    [gradient of the log-loss (d + 1), log-loss, rows]: the same arithmetic canary runs."""
+    n, d = X.shape
+    part = np.zeros((chunks, d + 3))
+    step = (n + chunks - 1) // chunks
+    for c in prange(chunks):
+        lo, hi = min(n, c * step), min(n, (c + 1) * step)
+        part[c] = lr_app.gradient_kernel(X[lo:hi], y[lo:hi], w)
+    return part.sum(axis=0)
+
+
+@numba.njit(parallel=True, cache=True)
+def km_step(X: np.ndarray, labels: np.ndarray, centers: np.ndarray, chunks: int) -> np.ndarray:
+    """The app's own assignment kernel over ``chunks`` row blocks in parallel (labels updated
+    in place); returns the summed ``partial`` (per-centre sums k*d, counts k, ...)."""
+    n = X.shape[0]
+    k, d = centers.shape
+    outs = np.zeros((chunks, k * d + k + 2 + k * (3 + d)))
+    step = (n + chunks - 1) // chunks
+    for c in prange(chunks):
+        lo, hi = min(n, c * step), min(n, (c + 1) * step)
+        meta = np.array([0.0, float(lo)])
+        new, out = km_app.assign_kernel(X[lo:hi], meta, labels[lo:hi], centers)
+        labels[lo:hi] = new
+        outs[c] = out
+    return outs.sum(axis=0)
+
+
+@numba.njit(parallel=True, cache=True)
+def pr_step(indptr: np.ndarray, src: np.ndarray, contrib: np.ndarray, out: np.ndarray,
+            base: float, damping: float) -> None:
+    """Pull PageRank over in-edges in CSR (by destination): out[v] = base + d * sum contrib[u]."""
+    for v in prange(indptr.shape[0] - 1):
+        s = 0.0
+        for e in range(indptr[v], indptr[v + 1]):
+            s += contrib[src[e]]
+        out[v] = base + damping * s
+
+
+def timed_iterations(step: Callable[[], Any], iters: int) -> float:
+    """Mean seconds of ``step`` over ``iters`` calls, first and last excluded."""
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t0)
+    inner = ts[1:-1] if len(ts) > 2 else ts
+    return statistics.mean(inner)
+
+
+def by_threads(step: Callable[[], Any], iters: int, threads: int) -> dict[str, Any]:
+    """Time ``step`` on ``threads`` numba threads and on one; the bound is the faster.
+
+    On a shared machine a parallel region waits for its slowest thread, and a thread that lost
+    its core waits a scheduler time slice: one thread can then beat two. Both are reported."""
+    out: dict[str, Any] = {}
+    for t in dict.fromkeys((threads, 1)):
+        numba.set_num_threads(t)
+        step()
+        out[f"seconds_{t}_threads"] = timed_iterations(step, iters)
+    numba.set_num_threads(threads)
+    out["seconds"] = min(v for k, v in out.items() if k.startswith("seconds_"))
+    return out
+
+
+def bound_lr(n: int, d: int, threads: int, iters: int) -> dict[str, Any]:
+    X, y = logistic_data(n, d, 0)
+    w = np.zeros(d + 1)
+    chunks = 4 * threads
+    lr_gradient(X, y, w, chunks)
+
+    def step() -> None:
+        nonlocal w
+        g = lr_gradient(X, y, w, chunks)
+        w = w - 0.1 * g[:d + 1] / n
+
+    return {**by_threads(step, iters, threads), "data_bytes": X.nbytes + y.nbytes}
+
+
+def bound_kmeans(n: int, d: int, k: int, threads: int, iters: int, path: str) -> dict[str, Any]:
+    X = np.load(path)
+    centers = X[:k].copy()
+    labels = np.full(n, -1, np.int64)
+    chunks = 4 * threads
+    km_step(X, labels, centers, chunks)
+
+    def step() -> None:
+        nonlocal centers
+        out = km_step(X, labels, centers, chunks)
+        sums, counts = out[:k * d].reshape(k, d), out[k * d:k * d + k]
+        nz = counts > 0
+        centers = centers.copy()
+        centers[nz] = sums[nz] / counts[nz, None]
+
+    return {**by_threads(step, iters, threads), "data_bytes": X.nbytes}
+
+
+def pagerank_csr(v: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """R-MAT edges as in-edge CSR (indptr by destination, source ids) and out-degrees."""
+    edges = rmat_edges(v, e, 0)
+    order = np.argsort(edges[:, 1], kind="stable")
+    src = np.ascontiguousarray(edges[order, 0])
+    indptr = np.zeros(v + 1, np.int64)
+    np.cumsum(np.bincount(edges[:, 1], minlength=v), out=indptr[1:])
+    outdeg = np.bincount(edges[:, 0], minlength=v).astype(np.float64)
+    return indptr, src, outdeg
+
+
+def bound_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, Any]:
+    indptr, src, outdeg = pagerank_csr(v, e)
+    damping = 0.85
+    rank = np.full(v, 1.0 / v)
+    out = np.empty(v)
+    dangling = outdeg == 0
+    inv = np.where(dangling, 0.0, 1.0 / np.maximum(outdeg, 1.0))
+
+    def step() -> None:
+        nonlocal rank, out
+        contrib = rank * inv
+        base = (1.0 - damping) / v + damping * rank[dangling].sum() / v
+        pr_step(indptr, src, contrib, out, base, damping)
+        rank, out = out, rank
+
+    step()
+    res: dict[str, Any] = {**by_threads(step, iters, threads),
+                           "data_bytes": src.nbytes + indptr.nbytes}
+    res["numba_seconds"] = res["seconds"]
+    try:
+        import scipy.sparse as sp
+
+        m = sp.csr_matrix((np.ones(len(src)), src, indptr), shape=(v, v))
+        res["scipy_csr_seconds"] = timed_iterations(lambda: m @ (rank * inv), iters)
+        res["seconds"] = min(res["seconds"], res["scipy_csr_seconds"])  # the faster is the bound
+    except ImportError:  # pragma: no cover - scipy is a test dependency
+        pass
+    return res
+
+
+# ------------------------------------------------------------------ canary runs
+def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[str],
+               timeout: int, trace: str | None) -> dict[str, Any]:
+    """One canary run; ``data`` is ``["--generate", "N,D"]`` or ``["--input", PATH, ...]``."""
+    from canary.cli import find_mpiexec
+
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "metrics.jsonl")
+        trace = trace or os.path.join(tmp, "trace.json")
+        cmd = [find_mpiexec(), "-n", str(workers + 1), sys.executable, "-m", "mpi4py",
+               str(ROOT / "benchmarks" / "peak_rss.py"), tmp,
+               str(ROOT / "apps" / f"{app}.py"), *data, "--max-iter", str(iters),
+               "--print-every", "0", "--metrics", metrics, *extra]
+        env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout), PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        env["CANARY_TRACE"] = trace  # the iteration times come from the workers' task times
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 30)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"{app} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        rows = [json.loads(line) for line in open(metrics)]
+        gaps = iteration_seconds(load_events(trace))
+        peaks = {}
+        for r in range(1, workers + 1):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                peaks[r] = json.load(f)["peak_rss_mb"]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    inner = gaps[1:-1] if len(gaps) > 2 else gaps
+    return {"seconds": statistics.mean(inner) if inner else None, "iterations": len(rows),
+            "wall_s": round(wall, 3), "summary": summary,
+            "peak_rss_mb": max(peaks.values()), "peak_rss_mb_by_worker": list(peaks.values())}
+
+
+# ------------------------------------------------------------------ peers
+def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) -> dict[str, Any]:
+    name = "dask_distributed" if distributed else "dask_threaded"
+    try:
+        import dask
+        import dask.array as da
+    except ImportError:
+        return {"peer": name, "skipped": "dask not installed (pip install -e .[compare])"}
+    X, y = logistic_data(n, d, 0)
+    chunk = (n + 4 * threads - 1) // (4 * threads)
+
+    def run(get_result: Callable[[Any], Any]) -> float:
+        Xd = da.from_array(X, chunks=(chunk, d)).persist()
+        yd = da.from_array(y, chunks=chunk).persist()
+        w = np.zeros(d)
+
+        def step() -> None:
+            nonlocal w
+            r = 1.0 / (1.0 + da.exp(-(Xd @ w))) - yd
+            g = get_result(Xd.T @ r)
+            w = w - 0.1 * g / n
+
+        return timed_iterations(step, iters)
+
+    if not distributed:
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            secs = run(lambda a: a.compute())
+        return {"peer": name, "seconds": secs}
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        return {"peer": name, "skipped": "dask.distributed not installed"}
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    with LocalCluster(n_workers=threads, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        secs = run(lambda a: client.compute(a).result())
+    return {"peer": name, "seconds": secs}
+
+
+def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) -> dict[str, Any]:
+    name = "pyspark_functional" if functional else "pyspark_mappartitions"
+    try:
+        from pyspark import SparkConf, SparkContext
+    except ImportError:
+        return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
+    conf = (SparkConf().setMaster(f"local[{threads}]").setAppName("canary-apps")
+            .set("spark.ui.enabled", "false").set("spark.driver.memory", "4g")
+            .set("spark.ui.showConsoleProgress", "false"))
+    try:
+        sc = SparkContext.getOrCreate(conf)
+    except Exception as exc:  # noqa: BLE001 - no Java: say so
+        return {"peer": name, "skipped": f"Spark failed to start: {exc!r}"[:300]}
+    sc.setLogLevel("ERROR")
+    try:
+        parts = 4 * threads
+        X, y = logistic_data(n, d, 0)
+        data = np.hstack([X, y[:, None]])
+        if functional:
+            rdd = sc.parallelize([row for row in data], parts).cache()
+        else:
+            rdd = sc.parallelize(np.array_split(data, parts), parts).cache()
+        rdd.count()
+        w = np.zeros(d)
+
+        def grad_part(it: Any) -> Any:
+            acc = np.zeros(d)
+            for blk in it:
+                r = 1.0 / (1.0 + np.exp(-(blk[:, :d] @ w))) - blk[:, d]
+                acc += blk[:, :d].T @ r
+            yield acc
+
+        def step() -> None:
+            nonlocal w
+            if functional:
+                ww = w
+                g = rdd.map(lambda row: (1.0 / (1.0 + np.exp(-(row[:d] @ ww))) - row[d]) * row[:d]
+                            ).reduce(lambda a, b: a + b)
+            else:
+                g = rdd.mapPartitions(grad_part).reduce(lambda a, b: a + b)
+            w = w - 0.1 * g / n
+
+        secs = timed_iterations(step, iters)
+    finally:
+        sc.stop()
+    return {"peer": name, "seconds": secs}
+
+
+# ------------------------------------------------------------------ driver
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (for tests)")
+    ap.add_argument("--apps", default="logistic_regression,kmeans,pagerank")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=None, help="iterations per run (default 12)")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--full-peers", action="store_true",
+                    help="run the slow peers (PySpark functional) at every size")
+    ap.add_argument("--trace", default=None, help="Chrome trace of the canary runs (JSON)")
+    ap.add_argument("--timeout", type=int, default=900)
+    args = ap.parse_args(argv)
+    sizes = QUICK_SIZES if args.quick else SIZES
+    iters = args.iters or (5 if args.quick else 12)
+    W = args.workers
+    print(json.dumps({"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                  "numba": numba.__version__, "workers": W,
+                                  "date": time.strftime("%Y-%m-%d")}}), flush=True)
+    results: list[dict[str, Any]] = []
+    tmpdir = tempfile.TemporaryDirectory()
+    for app in args.apps.split(","):
+        # The runtime's own footprint per worker: the same app at a tiny size.
+        base = run_canary(app, _data(app, QUICK_SIZES[app][0], tmpdir.name), W, 3, _extra(app),
+                          args.timeout, None)["peak_rss_mb"]
+        for size in sizes[app]:
+            gen = ",".join(str(v) for v in size)
+            row: dict[str, Any] = {"app": app, "size": gen, "workers": W}
+            data = _data(app, size, tmpdir.name)
+            if app == "logistic_regression":
+                bound = bound_lr(size[0], size[1], W, iters)
+            elif app == "kmeans":
+                bound = bound_kmeans(size[0], size[1], size[2], W, iters, data[1])
+            else:
+                bound = bound_pagerank(size[0], size[1], W, iters)
+            row["numba_s"] = bound["seconds"]
+            row["numba_s_by_threads"] = {k.split("_")[1]: v for k, v in bound.items()
+                                         if k.startswith("seconds_")}
+            if "scipy_csr_seconds" in bound:
+                row["scipy_csr_s"] = bound["scipy_csr_seconds"]
+            trace = f"{args.trace}.{app}.{gen.replace(',', 'x')}.json" if args.trace else None
+            got = run_canary(app, data, W, iters, _extra(app), args.timeout, trace)
+            row["canary_s"] = got["seconds"]
+            row["canary_iterations"] = got["iterations"]
+            row["canary_vs_numba"] = (round(got["seconds"] / bound["seconds"], 3)
+                                      if got["seconds"] else None)
+            row["peak_rss_mb"] = got["peak_rss_mb"]
+            row["peak_rss_mb_by_worker"] = got["peak_rss_mb_by_worker"]
+            row["baseline_rss_mb"] = base
+            row["data_mb_per_worker"] = round(bound["data_bytes"] / W / 2**20, 1)
+            if got["peak_rss_mb"] and base:
+                row["memory_vs_partitions"] = round(
+                    (got["peak_rss_mb"] - base) / max(row["data_mb_per_worker"], 1e-9), 2)
+            row["canary_summary"] = {k: got["summary"].get(k) for k in
+                                     ("iterations", "objective", "inertia", "rank_sum",
+                                      "accuracy", "controller_messages") if k in got["summary"]}
+            row["peers"] = {}
+            if not args.no_peers and app == "logistic_regression":
+                first = size == sizes[app][0]
+                for fn, kw in ((peer_dask_lr, {"distributed": False}),
+                               (peer_dask_lr, {"distributed": True}),
+                               (peer_spark_lr, {"functional": False}),
+                               (peer_spark_lr, {"functional": True})):
+                    if kw.get("functional") and not (first or args.full_peers):
+                        continue
+                    try:
+                        p = fn(size[0], size[1], W, max(3, iters // 3), **kw)  # type: ignore[operator]
+                    except Exception as exc:  # noqa: BLE001 - a broken peer must not sink the run
+                        p = {"peer": f"{fn.__name__}{kw}", "skipped": f"failed: {exc!r}"[:300]}
+                    print(json.dumps({"app": app, "size": gen, **p}), flush=True)
+                    if "seconds" in p:
+                        row["peers"][p["peer"]] = p["seconds"]
+                        row[f"speedup_vs_{p['peer']}"] = round(p["seconds"] / got["seconds"], 2)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    summary = {"summary": "apps", "workers": W,
+               "canary_vs_numba": {f"{r['app']}@{r['size']}": r["canary_vs_numba"] for r in results},
+               "iteration_ms": {f"{r['app']}@{r['size']}": round(r["canary_s"] * 1e3, 3)
+                                for r in results if r["canary_s"]},
+               "speedups": {f"{r['app']}@{r['size']}": {k[11:]: v for k, v in r.items()
+                                                       if k.startswith("speedup_vs_")}
+                            for r in results}}
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def _data(app: str, size: tuple[int, ...], tmp: str) -> list[str]:
+    """The app's data flags. k-means reads uniform random points from a .npy file: generated
+    blobs converge in 2-3 Lloyd steps, too few to time, while uniform data keeps it going."""
+    if app != "kmeans":
+        return ["--generate", ",".join(str(v) for v in size)]
+    n, d, k = size
+    path = os.path.join(tmp, f"kmeans_{n}_{d}.npy")
+    if not os.path.exists(path):
+        np.save(path, np.random.default_rng(0).random((n, d)))
+    return ["--input", path, "--k", str(k)]
+
+
+def _extra(app: str) -> list[str]:
+    """Flags that keep every app iterating (no early convergence) for a timing run."""
+    if app == "kmeans":
+        return ["--tol", "0"]  # then only "no label changed" stops it
+    return ["--tol", "1e-300"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

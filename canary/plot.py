@@ -1,0 +1,175 @@
+"""``canary plot``: render the benchmarks' JSON lines into PNG charts (matplotlib).
+
+    python benchmarks/scheduler.py > sched.jsonl
+    python benchmarks/apps.py > apps.jsonl
+    python benchmarks/micropartition.py > micro.jsonl
+    canary plot sched.jsonl apps.jsonl micro.jsonl --out docs/img
+
+Each file's kind is read from its summary line (``"summary": "scheduler" | "apps" |
+"micropartition"``); the charts written are
+
+* ``scheduler.png``: task rate per core and scheduling cost per task vs task length;
+* ``apps.png``: time per iteration of canary, the numba bound and the peers, per app and size;
+* ``micropartition.png``: iteration time and task rate vs partitions per core, per variance mode.
+
+Returns 0, or 2 with a message for a file that is missing or not a benchmark's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def read_lines(path: str) -> list[dict[str, Any]]:
+    """The JSON objects of a benchmark's output (non-JSON lines, e.g. logs, are skipped)."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    return rows
+
+
+def kind_of(rows: list[dict[str, Any]]) -> str | None:
+    for r in reversed(rows):
+        if "summary" in r:
+            return str(r["summary"])
+    return None
+
+
+def plot_scheduler(rows: list[dict[str, Any]], out: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("mode") == "inproc":
+            series.setdefault("in-process, 1 worker", []).append(r)
+        elif r.get("mode") == "mpi":
+            series.setdefault(f"MPI, {r['workers']} worker(s)", []).append(r)
+    for label, rs in series.items():
+        rs = sorted(rs, key=lambda r: r["length_us"])
+        x = [max(r["length_us"], 0.3) for r in rs]  # 0 (empty kernel) drawn at 0.3 µs
+        rate = [r.get("tasks_per_s", r.get("tasks_per_s_per_core")) for r in rs]
+        a1.plot(x, rate, marker="o", label=label)
+        a2.plot(x, [r["sched_overhead_ns"] / 1e3 for r in rs], marker="o", label=label)
+    for r in rows:
+        if "peer" in r and "tasks_per_s" in r:
+            a1.axhline(r["tasks_per_s"], ls="--", lw=1, color="grey")
+            a1.text(0.35, r["tasks_per_s"] * 1.1, f"{r['peer']} ({r['cores']} cores)", fontsize=7)
+    a1.set(xscale="log", yscale="log", xlabel="task length (µs; empty kernel at 0.3)",
+           ylabel="tasks / s (all workers)", title="Task rate")
+    a2.set(xscale="log", xlabel="task length (µs)", ylabel="scheduling cost per task (µs)",
+           title="Worker CPU per task outside the kernel")
+    a2.axhline(2.0, ls=":", color="red", lw=1)
+    a2.text(0.35, 2.1, "target 2 µs", color="red", fontsize=7)
+    for a in (a1, a2):
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "scheduler.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_apps(rows: list[dict[str, Any]], out: str) -> str:
+    import matplotlib.pyplot as plt
+
+    apps = [r for r in rows if "app" in r and "canary_s" in r]
+    labels = [f"{r['app']}\n{r['size']}" for r in apps]
+    systems = ["canary", "numba bound"]
+    for r in apps:
+        for p in r.get("peers", {}):
+            if p not in systems:
+                systems.append(p)
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(apps)), 4.5))
+    width = 0.8 / len(systems)
+    for k, sysname in enumerate(systems):
+        xs, ys = [], []
+        for i, r in enumerate(apps):
+            v = (r["canary_s"] if sysname == "canary" else r["numba_s"] if sysname == "numba bound"
+                 else r.get("peers", {}).get(sysname))
+            if v:
+                xs.append(i + (k - (len(systems) - 1) / 2) * width)
+                ys.append(v * 1e3)
+        ax.bar(xs, ys, width=width, label=sysname)
+    ax.set_xticks(range(len(apps)), labels, fontsize=8)
+    ax.set(yscale="log", ylabel="time per iteration (ms, log)",
+           title="Per-iteration time (first and last excluded)")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "apps.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_micropartition(rows: list[dict[str, Any]], out: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    modes: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if "ppc" in r and "iteration_ms" in r:
+            modes.setdefault(r["mode"], []).append(r)
+    for mode, rs in modes.items():
+        rs = sorted(rs, key=lambda r: r["ppc"])
+        a1.plot([r["ppc"] for r in rs], [r["iteration_ms"] for r in rs], marker="o", label=mode)
+        a2.plot([r["ppc"] for r in rs], [r["tasks_per_s"] for r in rs], marker="o", label=mode)
+    a1.set(xscale="log", xlabel="partitions per core", ylabel="iteration time (ms)",
+           title="Iteration time")
+    a2.set(xscale="log", yscale="log", xlabel="partitions per core", ylabel="tasks / s",
+           title="Task rate")
+    for a in (a1, a2):
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "micropartition.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+PLOTTERS = {"scheduler": plot_scheduler, "apps": plot_apps, "micropartition": plot_micropartition}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="canary plot",
+                                 description="Render benchmark JSON lines into PNG charts.")
+    ap.add_argument("files", nargs="+", help="outputs of benchmarks/*.py (JSON lines)")
+    ap.add_argument("--out", default=".", help="folder for the PNG files (created)")
+    args = ap.parse_args(argv)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        print("canary plot: matplotlib is not installed (pip install -e .[plot])", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    for path in args.files:
+        if not os.path.exists(path):
+            print(f"canary plot: no such file: {path}", file=sys.stderr)
+            return 2
+        rows = read_lines(path)
+        kind = kind_of(rows)
+        if kind not in PLOTTERS:
+            print(f"canary plot: {path} has no benchmark summary line (expected the output of "
+                  f"benchmarks/scheduler.py, apps.py or micropartition.py)", file=sys.stderr)
+            return 2
+        print(PLOTTERS[kind](rows, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""``canary plot`` renders benchmark JSON lines into PNG files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from canary.plot import main
+
+
+def write(path: Path, rows: list[dict]) -> str:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_plots_every_benchmark_kind(tmp_path: Path) -> None:
+    sched = write(tmp_path / "s.jsonl", [
+        {"machine": {}},
+        {"mode": "inproc", "length_us": 0.0, "sched_overhead_ns": 4000.0, "tasks_per_s_per_core": 2e5},
+        {"mode": "mpi", "workers": 2, "length_us": 0.0, "sched_overhead_ns": 5000.0, "tasks_per_s": 3e5},
+        {"mode": "mpi", "workers": 2, "length_us": 10.0, "sched_overhead_ns": 5500.0, "tasks_per_s": 1e5},
+        {"peer": "dask_distributed", "tasks_per_s": 600.0, "cores": 2},
+        {"summary": "scheduler"}])
+    apps = write(tmp_path / "a.jsonl", [
+        {"app": "logistic_regression", "size": "400000,20", "canary_s": 0.01, "numba_s": 0.006,
+         "peers": {"dask_threaded": 0.2}},
+        {"summary": "apps"}])
+    micro = write(tmp_path / "m.jsonl", [
+        {"mode": "random", "ppc": 1, "iteration_ms": 30.0, "tasks_per_s": 1e3},
+        {"mode": "random", "ppc": 4, "iteration_ms": 24.0, "tasks_per_s": 4e3},
+        {"summary": "micropartition"}])
+    out = tmp_path / "img"
+    assert main([sched, apps, micro, "--out", str(out)]) == 0
+    for name in ("scheduler.png", "apps.png", "micropartition.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_rejects_missing_or_foreign_files(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main([str(tmp_path / "nope.jsonl")]) == 2
+    other = write(tmp_path / "x.jsonl", [{"a": 1}])
+    assert main([other, "--out", str(tmp_path)]) == 2
+    assert "no benchmark summary" in capsys.readouterr().err

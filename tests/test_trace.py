@@ -1,0 +1,70 @@
+"""Chrome trace output: structure of the events, and a real traced MPI run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from canary.messages import Piece
+from canary.trace import Tracer, chrome_trace, iteration_seconds, trace_path
+from tests.conftest import mpirun
+
+
+def fake_task(name: str, seq: int) -> SimpleNamespace:
+    return SimpleNamespace(stage=SimpleNamespace(name=name, id=3), kind="compute", part=1,
+                           seq=seq, iteration=(seq,))
+
+
+def test_tracer_events_and_flows_pair_up() -> None:
+    a, b = Tracer(1, "worker 0"), Tracer(2, "worker 1")
+    a.task(fake_task("grad", 4), 10.0, 10.5)
+    msg = Piece(77, 4, 0, 1, (0,), (1,), None)  # type: ignore[arg-type]
+    a.send(2, msg, 10.5)
+    b.recv(1, msg, 10.6)
+    t = chrome_trace([a.events, b.events], {"workers": 2})
+    ev = t["traceEvents"]
+    assert min(e["ts"] for e in ev if "ts" in e) == 0.0
+    (task,) = [e for e in ev if e.get("cat") == "task"]
+    assert task["name"] == "grad" and task["pid"] == 1 and abs(task["dur"] - 5e5) < 1e-3
+    assert task["args"] == {"stage": 3, "kind": "compute", "partition": 1, "seq": 4,
+                            "iteration": [4]}
+    s = [e for e in ev if e["ph"] == "s"]
+    f = [e for e in ev if e["ph"] == "f"]
+    assert len(s) == len(f) == 1 and s[0]["id"] == f[0]["id"] == 77 and f[0]["bp"] == "e"
+    assert {e["args"]["name"] for e in ev if e["name"] == "process_name"} == {"worker 0", "worker 1"}
+
+
+def test_iteration_seconds_from_signal_instances() -> None:
+    tr = Tracer(1, "w")
+    for k, t in enumerate([1.0, 1.5, 2.5, 2.75]):
+        tr.task(fake_task("while_not_converged", 10 * k), t - 0.01, t)
+        tr.task(fake_task("grad", 10 * k + 1), t - 0.2, t - 0.1)
+    gaps = iteration_seconds(chrome_trace([tr.events])["traceEvents"])
+    assert [round(g, 6) for g in gaps] == [0.5, 1.0, 0.25]
+    assert iteration_seconds([]) == []
+
+
+def test_trace_path_prefers_argument_then_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("CANARY_TRACE", raising=False)
+    assert trace_path(None) is None
+    monkeypatch.setenv("CANARY_TRACE", "/tmp/x.json")
+    assert trace_path(None) == "/tmp/x.json" and trace_path("y.json") == "y.json"
+
+
+def test_logistic_regression_trace_over_mpi(tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    r = mpirun(3, "apps/logistic_regression.py", "--generate", "2000,4", "--max-iter", "3",
+               "--partitions", "4", "--print-every", "0", "--trace", str(out))
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(out.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert names == {0: "controller", 1: "worker 0", 2: "worker 1"}
+    grads = [e for e in ev if e.get("cat") == "task" and e["name"] == "gradient_kernel"]
+    assert len(grads) == 4 * 3
+    assert sorted(e["args"]["partition"] for e in grads) == sorted(list(range(4)) * 3)
+    assert {e["pid"] for e in grads} == {1, 2}
+    sends = {e["id"] for e in ev if e["ph"] == "s"}
+    recvs = {e["id"] for e in ev if e["ph"] == "f"}
+    assert recvs <= sends and len(recvs) > 0  # every received message has its send
+    assert len(iteration_seconds(ev)) == 2  # 3 signal instances (max-iter stops the 4th)
