@@ -37,6 +37,7 @@ import numba
 import numpy as np
 
 import canary
+from canary.driver import Progress, add_output_args, declare
 from canary.generate import blobs
 from canary.io import InputFormatError, count_rows, partition_rows, read_rows
 
@@ -396,8 +397,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="data partitions (default: 4 per worker)")
     ap.add_argument("--seed", type=int, default=0, help="data generation and k-means++ seed")
     ap.add_argument("--output", help="write centers (k, d), labels (n,), inertia to this .npz")
-    ap.add_argument("--metrics", help="write one JSON line per iteration to this file")
-    ap.add_argument("--print-every", type=int, default=1, help="progress line every K iterations")
+    add_output_args(ap)
     args = ap.parse_args(argv)
     args.on_progress = None  # set by main() on rank 0; tests may set their own
     args.want_labels = bool(args.output)
@@ -537,36 +537,28 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     is_root = comm.Get_rank() == 0
     t0 = time.perf_counter()
-    try:
-        prog_shape = None
-        metrics = open(args.metrics, "w") if (args.metrics and is_root) else None  # noqa: SIM115
+    progress = Progress(args.metrics, args.print_every, is_root)
 
-        def on_progress(ev: canary.ReportEvent) -> None:
-            s = ev.value
-            it = int(s[S_ITER])
-            row = {"iteration": it, "inertia": float(s[S_INERTIA]),
-                   "labels_changed": int(s[S_CHANGED]), "center_shift": float(s[S_SHIFT]),
-                   "empty_clusters": int(s[S_EMPTY]), "seconds": round(ev.seconds, 6),
-                   "tasks": ev.tasks}
-            if metrics is not None:
-                metrics.write(json.dumps(row) + "\n")
-            if args.print_every and it % args.print_every == 0:
-                print(f"iter {it:4d}  inertia {row['inertia']:.12g}  changed {row['labels_changed']}"
-                      f"  shift {row['center_shift']:.3e}  tasks {ev.tasks}  {ev.seconds:.3f}s",
-                      flush=True)
+    def on_progress(ev: canary.ReportEvent) -> None:
+        s = ev.value
+        it = int(s[S_ITER])
+        row = {"iteration": it, "inertia": float(s[S_INERTIA]),
+               "labels_changed": int(s[S_CHANGED]), "center_shift": float(s[S_SHIFT]),
+               "empty_clusters": int(s[S_EMPTY]), "seconds": round(ev.seconds, 6),
+               "tasks": ev.tasks}
+        progress.record(row, f"iter {it:4d}  inertia {row['inertia']:.12g}  changed "
+                        f"{row['labels_changed']}  shift {row['center_shift']:.3e}  "
+                        f"tasks {ev.tasks}  {ev.seconds:.3f}s")
 
-        args.on_progress = on_progress
-        prog_shape = build(args, comm.Get_size() - 1)
-    except (InputFormatError, FileNotFoundError, IsADirectoryError) as exc:
-        if is_root:
-            print(f"kmeans: error: {exc}", file=sys.stderr, flush=True)
+    args.on_progress = on_progress
+    prog_shape = declare("kmeans", build, args, comm.Get_size() - 1, is_root=is_root)
+    if prog_shape is None:
         return 2
     prog, shape = prog_shape
-    result = canary.run(prog, comm)
+    result = canary.run(prog, comm, trace=args.trace)
+    progress.close()
     if result is None:
         return 0
-    if metrics is not None:
-        metrics.close()
     r = result.value("result")
     c = result.value("centers")
     if args.output:

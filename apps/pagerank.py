@@ -49,9 +49,9 @@ import numba
 import numpy as np
 
 import canary
+from canary.driver import Progress, add_output_args, declare
 from canary.generate import rmat_edges
 from canary.io import (
-    InputFormatError,
     count_edges,
     partition_rows,
     read_edges_range,
@@ -311,8 +311,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output", help="write 'vertex rank' lines, sorted by vertex id")
     ap.add_argument("--top", type=int, default=0, help="print the K highest-ranked vertices")
-    ap.add_argument("--metrics", help="write one JSON line per iteration to this file")
-    ap.add_argument("--print-every", type=int, default=1, help="progress line every K iterations")
+    add_output_args(ap)
     args = ap.parse_args(argv)
     args.on_progress = None  # set by main() on rank 0; tests may set their own
     args.want_ranks = bool(args.output or args.top)
@@ -471,31 +470,25 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     is_root = comm.Get_rank() == 0
     t0 = time.perf_counter()
-    metrics = open(args.metrics, "w") if (args.metrics and is_root) else None  # noqa: SIM115
+    progress = Progress(args.metrics, args.print_every, is_root)
 
     def on_progress(ev: canary.ReportEvent) -> None:
         s = ev.value
         it = int(s[T_ITER])
         row = {"iteration": it, "l1_change": float(s[T_L1]), "dangling_mass": float(s[T_DANGLING]),
                "rank_sum": float(s[T_SUM]), "seconds": round(ev.seconds, 6), "tasks": ev.tasks}
-        if metrics is not None:
-            metrics.write(json.dumps(row) + "\n")
-        if args.print_every and it % args.print_every == 0:
-            print(f"iter {it:4d}  L1 change {row['l1_change']:.3e}  tasks {ev.tasks}  "
-                  f"{ev.seconds:.3f}s", flush=True)
+        progress.record(row, f"iter {it:4d}  L1 change {row['l1_change']:.3e}  tasks {ev.tasks}  "
+                             f"{ev.seconds:.3f}s")
 
     args.on_progress = on_progress
-    try:
-        prog, shape = build(args, comm.Get_size() - 1)
-    except (InputFormatError, FileNotFoundError, IsADirectoryError) as exc:
-        if is_root:
-            print(f"pagerank: error: {exc}", file=sys.stderr, flush=True)
+    declared = declare("pagerank", build, args, comm.Get_size() - 1, is_root=is_root)
+    if declared is None:
         return 2
-    result = canary.run(prog, comm)
+    prog, shape = declared
+    result = canary.run(prog, comm, trace=args.trace)
+    progress.close()
     if result is None:
         return 0
-    if metrics is not None:
-        metrics.close()
     s = result.value("stats")
     top: list[list[float]] = []
     if args.want_ranks:
@@ -512,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         "app": "pagerank", "vertices": int(s[T_N]), "edges": shape["edges"],
         "distinct_edges": int(result.value("edge_count")[0]),
         "partitions": shape["partitions"], "grid": shape["grid"], "workers": result.workers,
-        "iterations": int(s[T_ITER]), "l1_change": float(s[T_L1]) if np.isfinite(s[T_L1]) else None, "rank_sum": float(s[T_SUM]),
+        "iterations": int(s[T_ITER]),
+        "l1_change": float(s[T_L1]) if np.isfinite(s[T_L1]) else None, "rank_sum": float(s[T_SUM]),
         "converged": bool(s[T_L1] < args.tol),
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
         "controller_messages": result.scheduling_messages,
