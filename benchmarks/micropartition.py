@@ -8,13 +8,14 @@ regression). The work per iteration per core is fixed (``--work-ms``); each task
 * ``uniform``: none;
 * ``random``: each (iteration, partition) task is ``--slow-factor`` times slower with
   probability ``--slow-prob`` (seeded hash: the same draws on every run);
-* ``skewed``: static data skew, the first ``--slow-prob`` of the partitions are
-  ``--slow-factor`` times heavier in every iteration.
+* ``skewed``: static data skew, the first ``--slow-prob`` of the partitions (at least one)
+  are ``--slow-factor`` times heavier in every iteration.
 
 With random variance, more partitions per core average it out on each worker, so the barrier
 waits less: iteration time falls toward the mean as ``ppc`` grows, until scheduling cost per
-task (more, shorter tasks) takes over. Static skew is a placement problem that micropartitions
-alone cannot fix without migration (contiguous placement keeps the hot partitions together).
+task (more, shorter tasks) takes over. With static skew, finer partitions shrink the hot region each
+hot task covers, but contiguous placement keeps the hot partitions on one worker: the rest needs
+migration (load balancing).
 
     python benchmarks/micropartition.py            # ppc 1,2,4,8,16 x 3 modes on 2 workers
     python benchmarks/micropartition.py --quick    # tiny (tests)
@@ -82,7 +83,7 @@ def mix_kernel(total: np.ndarray) -> np.ndarray:
 def build(workers: int, ppc: int, mode: str, iters_per_task: int, iterations: int,
           prob: float, factor: float, seed: int) -> canary.Program:
     P = ppc * workers
-    n_hot = int(round(prob * P))
+    n_hot = max(1, int(round(prob * P)))  # at least one hot partition
 
     def load(i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         a = np.array([iters_per_task, MODES[mode], prob, factor, seed, 0, 0.5,
@@ -109,7 +110,7 @@ def expected_total(workers: int, ppc: int, mode: str, iters_per_task: int, itera
                    prob: float, factor: float, seed: int) -> float:
     """The job's answer computed here, partition by partition, with the same kernel."""
     P = ppc * workers
-    n_hot = int(round(prob * P))
+    n_hot = max(1, int(round(prob * P)))  # at least one hot partition
     total = 0.0
     for i in range(P):
         a = np.array([iters_per_task, MODES[mode], prob, factor, seed, 0, 0.5,
@@ -182,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="uniform,random,skewed")
     ap.add_argument("--work-ms", type=float, default=20.0, help="work per iteration per core")
     ap.add_argument("--iterations", type=int, default=None, help="default 30 (quick: 3)")
-    ap.add_argument("--slow-prob", type=float, default=0.125)
-    ap.add_argument("--slow-factor", type=float, default=4.0)
+    ap.add_argument("--slow-prob", type=float, default=0.1)
+    ap.add_argument("--slow-factor", type=float, default=8.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trace", default=None, help="Chrome trace of the runs (sets CANARY_TRACE)")
     ap.add_argument("--timeout", type=int, default=600)
