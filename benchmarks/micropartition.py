@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import canary  # noqa: E402
+from canary.trace import Tracer, gather_and_write, trace_path  # noqa: E402
 
 MODES = {"uniform": 0, "random": 1, "skewed": 2}
 # Partition layout: [iters per task, mode, slow_prob, slow_factor, seed, iteration, acc, hot]
@@ -136,12 +137,17 @@ def child(args: argparse.Namespace) -> int:
                      args.slow_factor, args.seed)
         jc = comm.Dup()
         stats: dict[str, float] = {}
+        path = trace_path()
+        tracer = Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}") if path else None
         if rank == 0:
-            res = run_controller(prog, jc)
+            res = run_controller(prog, jc, tracer=tracer)
         else:
-            st = run_worker(prog, jc, stats=stats)
+            st = run_worker(prog, jc, stats=stats, tracer=tracer)
             stats["tasks"] = st.tasks_run
             res = None
+        if tracer is not None and path:  # one file per point: PATH.<mode>.ppc<C>.json
+            root, ext = os.path.splitext(path)
+            gather_and_write(jc, tracer, f"{root}.{mode}.ppc{ppc}{ext or '.json'}")
         rows = jc.gather(stats, root=0)
         jc.Free()
         if rank == 0:
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(args.timeout), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    if args.trace:  # every point writes it: the file holds the last one
+    if args.trace:  # one file per point: PATH.<mode>.ppc<C>.json
         env["CANARY_TRACE"] = args.trace
     cmd = [find_mpiexec(), "-n", str(args.workers + 1), sys.executable, "-m", "mpi4py",
            __file__, "--child", "--points", json.dumps(points[:1] + points),  # 1st: warm-up

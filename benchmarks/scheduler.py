@@ -50,6 +50,7 @@ if str(ROOT) not in sys.path:
 import canary  # noqa: E402
 from canary.execute import run_task  # noqa: E402
 from canary.messages import CONTROLLER, Callback, Finish, Send, Shutdown  # noqa: E402
+from canary.trace import Tracer, gather_and_write, trace_path  # noqa: E402
 from controller.state import ControllerState  # noqa: E402
 from worker.state import RunTask, WorkerState  # noqa: E402
 
@@ -194,16 +195,21 @@ def mpi_child(args: argparse.Namespace) -> int:
         prog = build_program(workers, args.ppc, iters, stages)
         jc = comm.Dup()
         stats: dict[str, float] = {}
+        path = trace_path()
+        tracer = Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}") if path else None
         if rank == 0:
-            res = run_controller(prog, jc)
+            res = run_controller(prog, jc, tracer=tracer)
         else:
             # The CPU's speed drifts on a shared machine: calibrate the kernel on this rank
             # right before and after the point, and use the mean.
             k0 = kernel_ns(iters, 0.02)
-            st = run_worker(prog, jc, stats=stats)
+            st = run_worker(prog, jc, stats=stats, tracer=tracer)
             stats["tasks"] = st.tasks_run
             stats["kernel_ns"] = (k0 + kernel_ns(iters, 0.02)) / 2
             res = None
+        if tracer is not None and path:  # one file per point: PATH.w<W>.len<L>.json
+            root, ext = os.path.splitext(path)
+            gather_and_write(jc, tracer, f"{root}.w{workers}.len{length_us:g}{ext or '.json'}")
         rows = jc.gather(stats, root=0)
         jc.Free()
         if rank == 0:
@@ -330,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-s", type=float, default=0.5, help="work per point per worker")
     ap.add_argument("--no-peers", action="store_true", help="skip Spark and Dask")
     ap.add_argument("--no-inproc", action="store_true", help="skip the in-process run")
-    ap.add_argument("--trace", default=None, help="Chrome trace of the MPI runs (JSON)")
+    ap.add_argument("--trace", default=None,
+                    help="Chrome trace of the MPI runs, one file per point: PATH.w<W>.len<L>.json "
+                         "(use with --quick: a default-size point has ~10^5 tasks)")
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--points", default="[]", help=argparse.SUPPRESS)
