@@ -15,9 +15,10 @@ For each app and size, in one run:
   or a CSR pull PageRank: the memory-bandwidth-bound time canary chases. Timed on ``W`` threads
   and on one; the faster is the bound (on a loaded machine one thread can win).
 * **peers** (optional extra, ``pip install -e .[compare]``; skipped with a message when absent):
-  Dask threaded and Dask distributed (``W`` single-thread workers), PySpark ``local[W]`` with
-  ``mapPartitions`` (numpy per partition) and the functional per-row ``map``/``reduce``
-  (logistic regression only, smallest size only unless ``--full-peers``).
+  Dask threaded and Dask distributed (``W`` single-thread workers) and PySpark ``local[W]``
+  with ``mapPartitions`` over numpy blocks, for logistic regression and k-means; the functional
+  per-row PySpark ``map``/``reduce`` for logistic regression and the classic PySpark RDD-join
+  PageRank, at the smallest size only unless ``--full-peers``.
 
 Every line printed is JSON; the last is the summary with the ratios.
 
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,9 @@ from canary.trace import iteration_seconds, load_events  # noqa: E402
 SIZES: dict[str, list[tuple[int, ...]]] = {
     "logistic_regression": [(400_000, 20), (4_000_000, 20)],
     "kmeans": [(1_000_000, 20, 8)],
-    "pagerank": [(1_048_576, 10_000_000)],
+    # 2^17 vertices: the size the PySpark RDD-join PageRank can iterate in seconds (peers run
+    # only there); 2^20 vertices, 10M edges: canary and the bound only.
+    "pagerank": [(131_072, 1_310_720), (1_048_576, 10_000_000)],
 }
 QUICK_SIZES: dict[str, list[tuple[int, ...]]] = {
     "logistic_regression": [(20_000, 8)],
@@ -286,17 +290,10 @@ def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) ->
 def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) -> dict[str, Any]:
     name = "pyspark_functional" if functional else "pyspark_mappartitions"
     try:
-        from pyspark import SparkConf, SparkContext
+        import pyspark  # noqa: F401
     except ImportError:
         return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
-    conf = (SparkConf().setMaster(f"local[{threads}]").setAppName("canary-apps")
-            .set("spark.ui.enabled", "false").set("spark.driver.memory", "4g")
-            .set("spark.ui.showConsoleProgress", "false"))
-    try:
-        sc = SparkContext.getOrCreate(conf)
-    except Exception as exc:  # noqa: BLE001 - no Java: say so
-        return {"peer": name, "skipped": f"Spark failed to start: {exc!r}"[:300]}
-    sc.setLogLevel("ERROR")
+    sc = _spark(threads)
     try:
         parts = 4 * threads
         X, y = logistic_data(n, d, 0)
@@ -329,6 +326,132 @@ def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) ->
     finally:
         sc.stop()
     return {"peer": name, "seconds": secs}
+
+
+def _km_block_stats(b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Per-centre [sums (k*d), counts (k)] of a block's nearest-centre assignment (numpy)."""
+    k, d = c.shape
+    d2 = (b * b).sum(1)[:, None] - 2.0 * (b @ c.T) + (c * c).sum(1)[None, :]
+    lab = np.argmin(d2, axis=1)
+    counts = np.bincount(lab, minlength=k).astype(np.float64)
+    sums = np.zeros((k, d))
+    np.add.at(sums, lab, b)
+    return np.concatenate([sums.ravel(), counts])
+
+
+def _km_update(stats: np.ndarray, c: np.ndarray) -> np.ndarray:
+    k, d = c.shape
+    sums, counts = stats[:k * d].reshape(k, d), stats[k * d:]
+    nz = counts > 0
+    c = c.copy()
+    c[nz] = sums[nz] / counts[nz, None]
+    return c
+
+
+def peer_dask_kmeans(path: str, k: int, threads: int, iters: int,
+                     distributed: bool) -> dict[str, Any]:
+    name = "dask_distributed" if distributed else "dask_threaded"
+    try:
+        import dask
+        import dask.array as da
+    except ImportError:
+        return {"peer": name, "skipped": "dask not installed (pip install -e .[compare])"}
+    X = np.load(path)
+    n, d = X.shape
+    chunk = (n + 4 * threads - 1) // (4 * threads)
+
+    def run(get: Callable[[Any], Any]) -> float:
+        Xd = da.from_array(X, chunks=(chunk, d)).persist()
+        c = X[:k].copy()
+
+        def step() -> None:
+            nonlocal c
+            cc = c
+            parts = Xd.map_blocks(lambda b: _km_block_stats(b, cc)[None, :],
+                                  chunks=((1,) * Xd.numblocks[0], (k * d + k,)), dtype=float)
+            c = _km_update(get(parts.sum(axis=0)), c)
+
+        return timed_iterations(step, iters)
+
+    if not distributed:
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            return {"peer": name, "seconds": run(lambda a: a.compute())}
+    from dask.distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=threads, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        return {"peer": name, "seconds": run(lambda a: client.compute(a).result())}
+
+
+def _spark(threads: int) -> Any:
+    from pyspark import SparkConf, SparkContext
+
+    conf = (SparkConf().setMaster(f"local[{threads}]").setAppName("canary-apps")
+            .set("spark.ui.enabled", "false").set("spark.driver.memory", "4g")
+            .set("spark.ui.showConsoleProgress", "false"))
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("ERROR")
+    return sc
+
+
+def peer_spark_kmeans(path: str, k: int, threads: int, iters: int) -> dict[str, Any]:
+    name = "pyspark_mappartitions"
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
+    X = np.load(path)
+    sc = _spark(threads)
+    try:
+        rdd = sc.parallelize(np.array_split(X, 4 * threads), 4 * threads).cache()
+        rdd.count()
+        c = X[:k].copy()
+
+        def step() -> None:
+            nonlocal c
+            cc = c
+            stats = rdd.map(lambda b: _km_block_stats(b, cc)).reduce(lambda a, b: a + b)
+            c = _km_update(stats, c)
+
+        return {"peer": name, "seconds": timed_iterations(step, iters)}
+    finally:
+        sc.stop()
+
+
+def peer_spark_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, Any]:
+    """The classic PySpark RDD PageRank: links.join(ranks) -> contributions -> reduceByKey."""
+    name = "pyspark_rdd_join"
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
+    edges = rmat_edges(v, e, 0)
+    order = np.argsort(edges[:, 0], kind="stable")
+    srcs, dsts = edges[order, 0], edges[order, 1]
+    cuts = np.flatnonzero(np.diff(srcs)) + 1
+    adj = [(int(s[0]), d.tolist()) for s, d in zip(np.split(srcs, cuts), np.split(dsts, cuts))]
+    sc = _spark(threads)
+    try:
+        parts = 4 * threads
+        links = sc.parallelize(adj, parts).partitionBy(parts).cache()
+        ranks = links.mapValues(lambda _: 1.0 / v)
+        links.count()
+
+        def contribs(item: Any) -> Any:
+            _, (nbrs, rank) = item
+            share = rank / len(nbrs)
+            return [(dst, share) for dst in nbrs]
+
+        def step() -> None:
+            nonlocal ranks
+            new = (links.join(ranks).flatMap(contribs).reduceByKey(lambda a, b: a + b, parts)
+                   .mapValues(lambda r: 0.15 / v + 0.85 * r)).cache()
+            new.count()
+            ranks = new
+
+        return {"peer": name, "seconds": timed_iterations(step, iters)}
+    finally:
+        sc.stop()
 
 
 # ------------------------------------------------------------------ driver
@@ -389,22 +512,34 @@ def main(argv: list[str] | None = None) -> int:
                                      ("iterations", "objective", "inertia", "rank_sum",
                                       "accuracy", "controller_messages") if k in got["summary"]}
             row["peers"] = {}
-            if not args.no_peers and app == "logistic_regression":
-                first = size == sizes[app][0]
-                for fn, kw in ((peer_dask_lr, {"distributed": False}),
-                               (peer_dask_lr, {"distributed": True}),
-                               (peer_spark_lr, {"functional": False}),
-                               (peer_spark_lr, {"functional": True})):
-                    if kw.get("functional") and not (first or args.full_peers):
-                        continue
-                    try:
-                        p = fn(size[0], size[1], W, max(3, iters // 3), **kw)  # type: ignore[operator]
-                    except Exception as exc:  # noqa: BLE001 - a broken peer must not sink the run
-                        p = {"peer": f"{fn.__name__}{kw}", "skipped": f"failed: {exc!r}"[:300]}
-                    print(json.dumps({"app": app, "size": gen, **p}), flush=True)
-                    if "seconds" in p:
-                        row["peers"][p["peer"]] = p["seconds"]
-                        row[f"speedup_vs_{p['peer']}"] = round(p["seconds"] / got["seconds"], 2)
+            first = size == sizes[app][0]
+            piters = max(3, iters // 3)
+            runs: list[tuple[str, Callable[[], dict[str, Any]]]] = []
+            if app == "logistic_regression":
+                n, d = size[0], size[1]
+                runs = [("dask_threaded", partial(peer_dask_lr, n, d, W, piters, False)),
+                        ("dask_distributed", partial(peer_dask_lr, n, d, W, piters, True)),
+                        ("pyspark_mappartitions", partial(peer_spark_lr, n, d, W, piters, False))]
+                if first or args.full_peers:
+                    runs.append(("pyspark_functional",
+                                 partial(peer_spark_lr, n, d, W, piters, True)))
+            elif app == "kmeans":
+                kpath, kk = data[1], size[2]
+                runs = [("dask_threaded", partial(peer_dask_kmeans, kpath, kk, W, piters, False)),
+                        ("dask_distributed", partial(peer_dask_kmeans, kpath, kk, W, piters, True)),
+                        ("pyspark_mappartitions", partial(peer_spark_kmeans, kpath, kk, W, piters))]
+            elif first or args.full_peers:
+                v, e = size[0], size[1]
+                runs = [("pyspark_rdd_join", partial(peer_spark_pagerank, v, e, W, piters))]
+            for peer, run in ([] if args.no_peers else runs):
+                try:
+                    p = run()
+                except Exception as exc:  # noqa: BLE001 - a broken peer must not sink the run
+                    p = {"peer": peer, "skipped": f"failed: {exc!r}"[:300]}
+                print(json.dumps({"app": app, "size": gen, **p}), flush=True)
+                if "seconds" in p and got["seconds"]:
+                    row["peers"][p["peer"]] = p["seconds"]
+                    row[f"speedup_vs_{p['peer']}"] = round(p["seconds"] / got["seconds"], 2)
             results.append(row)
             print(json.dumps(row), flush=True)
     summary = {"summary": "apps", "workers": W,

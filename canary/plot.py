@@ -107,7 +107,7 @@ def plot_apps(rows: list[dict[str, Any]], out: str) -> str:
     ax.set(yscale="log", ylabel="time per iteration (ms, log)",
            title="Per-iteration time (first and last excluded)")
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4)
     fig.tight_layout()
     path = os.path.join(out, "apps.png")
     fig.savefig(path, dpi=120)
