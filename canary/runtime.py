@@ -57,13 +57,13 @@ def run(program: Program, comm: object | None = None, window: int = 64,
                 print(f"canary: trace written to {path} (open it in https://ui.perfetto.dev)",
                       file=sys.stderr, flush=True)
         return result
-    except JobAborted as exc:
-        if rank == 0:
-            print(f"canary: job aborted: {exc}", file=sys.stderr, flush=True)
-        else:  # the controller prints the reason; give it a moment to do so
+    except JobAborted:
+        # Rank 0 printed the reason when it decided to abort and now ends every rank. A worker
+        # told to abort waits for that, and only ends the job itself if rank 0 never does.
+        if rank != 0:
             import time
 
-            time.sleep(2.0)
+            time.sleep(60.0)
         comm.Abort(1)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
         print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,

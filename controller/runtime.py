@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from mpi4py import MPI
@@ -60,6 +61,9 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                                  time.process_time() - c0 - user_cpu,
                                  _sum_counts([d.messages_sent for d in state.done.values()]))
             elif isinstance(ins, Fail):
+                # Say why before anything else: the workers, told to abort, must not be able to
+                # end the job before the reason is on stderr.
+                print(f"canary: job aborted: {ins.reason}", file=sys.stderr, flush=True)
                 tx.flush(timeout=2.0)
                 raise JobAborted(ins.reason)
 

@@ -99,3 +99,56 @@ def test_signal_must_return_a_bool() -> None:
         p.compute(lambda v: v, [c], [c])
     with pytest.raises(TaskError, match="must return a bool"):
         canary.run_local(p, workers=2)
+
+
+def _double_in_place(v: np.ndarray) -> np.ndarray:
+    v *= 2.0
+    return v
+
+
+@pytest.mark.parametrize("copy_kernel", [lambda x: x, lambda x: x[1:]], ids=["same", "view"])
+def test_output_aliasing_another_dataset_is_copied(copy_kernel: object) -> None:
+    """b = a (or a view of a), then a is doubled in place: b must keep the old values."""
+    p = Program("alias")
+    a, b = p.dataset("a", 1), p.dataset("b", 1)
+    p.load([a], lambda i, n: np.array([1.0, 1.0]))
+    p.compute(copy_kernel, [a], [b], name="copy")  # type: ignore[arg-type]
+    p.compute(_double_in_place, [a], [a], name="double")
+    p.report(a)
+    p.report(b)
+    r = canary.run_local(p, workers=1)
+    assert r.value("a").tolist() == [2.0, 2.0]
+    assert set(r.value("b").tolist()) == {1.0}
+
+
+def test_gather_returning_a_shared_piece_is_copied() -> None:
+    p = Program("alias_gather")
+    a, c = p.dataset("a", 1), p.dataset("c", 1)
+    p.load([a], lambda i, n: np.array([1.0]))
+    p.scatter_gather(a, c, None, lambda ps: ps[0], one_piece=True, name="pass")
+    p.compute(_double_in_place, [a], [a], name="double")
+    p.report(a)
+    p.report(c)
+    r = canary.run_local(p, workers=1)
+    assert r.value("a").tolist() == [2.0] and r.value("c").tolist() == [1.0]
+
+
+def test_scatter_may_return_a_numba_typed_list() -> None:
+    import numba
+    from numba.typed import List
+
+    @numba.njit(cache=False)
+    def split(x: np.ndarray) -> List:
+        out = List()
+        out.append(x[:2].copy())
+        out.append(x[2:].copy())
+        return out
+
+    p = Program("typed_list")
+    a, b = p.dataset("a", 2), p.dataset("b", 2)
+    p.load([a], lambda i, n: np.arange(4.0) + 10 * i)
+    p.scatter_gather(a, b, split, "concat", name="split")
+    p.report(b)
+    r = canary.run_local(p, workers=2)
+    assert r.results["b"][0].tolist() == [0.0, 1.0, 10.0, 11.0]
+    assert r.results["b"][1].tolist() == [2.0, 3.0, 12.0, 13.0]
