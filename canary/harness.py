@@ -56,6 +56,32 @@ class JobResult:
         return recv + sum(self.controller_sent.values())
 
 
+def validate_cluster(ctrl: ControllerState, states: list[WorkerState]) -> None:
+    """Cross-role invariant: every partition of every dataset is held by exactly one worker,
+    the owner that the controller's map names, at the controller's entry version.
+
+    Raises AssertionError naming the partition. Checked only once placement has reached every
+    worker (before that, workers hold nothing).
+    """
+    if ctrl.map is None or any(s.map is None for s in states):
+        return
+    program = ctrl.program
+    held: dict[tuple[int, int], int] = {}
+    for s in states:
+        for key in s.parts:
+            assert key not in held, f"partition {key} held by workers {held[key]} and {s.worker}"
+            held[key] = s.worker
+    for d in program.datasets:
+        g = program.group_of(d)
+        for i in range(d.partitions):
+            owner = ctrl.map.owner(g, i)
+            assert held.get((d.id, i)) == owner, (
+                f"partition {i} of '{d.name}' is held by {held.get((d.id, i))}, map says {owner}")
+            w = states[owner]
+            assert w.map is not None and w.map.version(g, i) == ctrl.map.version(g, i), (
+                f"worker {owner} holds partition {i} of '{d.name}' at another map version")
+
+
 def run_local(
     program: Program,
     workers: int = 2,
@@ -131,6 +157,7 @@ def run_local(
             apply_worker(w, states[w].handle(item))
             if validate:
                 states[w].validate_state()
+                validate_cluster(ctrl, states)
         elif dest == CONTROLLER:
             if isinstance(item, ReportPart):
                 item.seconds = time.perf_counter() - t0  # wall time, as on MPI
@@ -144,11 +171,13 @@ def run_local(
                     outcome.append(ins)
             if validate:
                 ctrl.validate_state()
+                validate_cluster(ctrl, states)
         else:
             w = dest - 1
             apply_worker(w, states[w].handle(item))
             if validate:
                 states[w].validate_state()
+                validate_cluster(ctrl, states)
     if not outcome:
         stuck = [(s.worker, s.pc, s.seq, len(s.tasks)) for s in states]
         raise RuntimeError(f"run_local: job stopped making progress (worker, pc, seq, tasks): {stuck}")

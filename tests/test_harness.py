@@ -152,3 +152,24 @@ def test_scatter_may_return_a_numba_typed_list() -> None:
     r = canary.run_local(p, workers=2)
     assert r.results["b"][0].tolist() == [0.0, 1.0, 10.0, 11.0]
     assert r.results["b"][1].tolist() == [2.0, 3.0, 12.0, 13.0]
+
+
+def test_cluster_invariant_catches_a_partition_held_twice() -> None:
+    from canary.harness import validate_cluster
+    from canary.messages import Placement
+    from canary.partition_map import PartitionMap
+    from controller.state import ControllerState
+    from worker.state import Partition, WorkerState
+
+    p = shuffle_program().finalize()
+    sizes = [g[0].partitions for g in p.groups]
+    ctrl = ControllerState(p, 2)
+    ctrl.map = PartitionMap.initial(sizes, 2)
+    states = [WorkerState(p, w, 2) for w in range(2)]
+    for s in states:
+        s.handle(Placement(1, PartitionMap.initial(sizes, 2)))
+    validate_cluster(ctrl, states)
+    x = p.datasets[0]
+    states[1].parts[(x.id, 0)] = Partition(x.id, 0)  # x[0] belongs to worker 0
+    with pytest.raises(AssertionError, match=r"held by workers 0 and 1"):
+        validate_cluster(ctrl, states)
