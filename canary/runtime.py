@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+import time
 import traceback
+from typing import Any
 
 from canary.errors import JobAborted
 from canary.harness import JobResult, run_local
@@ -60,13 +62,22 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     except JobAborted:
         # Rank 0 printed the reason when it decided to abort and now ends every rank. A worker
         # told to abort waits for that, and only ends the job itself if rank 0 never does.
-        if rank != 0:
-            import time
-
-            time.sleep(60.0)
-        comm.Abort(1)
+        _abort(comm, linger=1.0 if rank == 0 else 60.0)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
         print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
-        comm.Abort(1)
+        _abort(comm, linger=1.0)
     return None  # pragma: no cover - Abort does not return
+
+
+def _abort(comm: Any, linger: float) -> None:
+    """MPI_Abort the job after ``linger`` seconds.
+
+    Why wait: MPI_Abort makes the launcher kill every process at once, and output that a rank
+    has written but the launcher has not yet forwarded is lost, so the reason just printed
+    could vanish (seen: exit code 1 with empty stderr under load).
+    """
+    sys.stderr.flush()
+    sys.stdout.flush()
+    time.sleep(linger)
+    comm.Abort(1)
