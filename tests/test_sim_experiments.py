@@ -136,7 +136,6 @@ def test_cli_bad_load_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_writes_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     out = tmp_path / "fair.png"
     rc = cli.main(
         ["fairshare", "--demands", "0,0.5", "--phase", "2", "--workers", "20", "--plot", str(out)]
