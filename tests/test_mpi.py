@@ -108,3 +108,31 @@ def test_controller_messages_do_not_grow_with_iterations_or_partitions() -> None
     received, sent = counts[0]
     assert received == {"Hello": 2, "Done": 2, "ReportPart": 1}
     assert sent == {"Placement": 2, "Shutdown": 2}
+
+
+def _mpiexec_plain(ranks: int, script: str, *args: str, env_extra: dict[str, str]) -> tuple[int, str]:
+    """mpiexec WITHOUT `-m mpi4py`, as a user might launch it; hard timeouts all the same."""
+    import os
+    import subprocess
+    import sys
+
+    from canary.cli import find_mpiexec
+    from tests.conftest import ROOT
+
+    env = dict(os.environ, MPIEXEC_TIMEOUT="60", PYTHONPATH=str(ROOT), **env_extra)
+    r = subprocess.run([find_mpiexec(), "-n", str(ranks), sys.executable, script, *args], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=90)
+    return r.returncode, r.stderr
+
+
+def test_failure_on_one_rank_ends_the_job_even_without_dash_m_mpi4py() -> None:
+    rc, err = _mpiexec_plain(3, str(DRIVERS / "one_rank_fails.py"), env_extra={})
+    assert rc != 0 and "APPLICATION TIMED OUT" not in err
+    assert "rank 2 cannot read its input" in err
+
+
+def test_controller_gives_up_on_a_rank_that_never_starts() -> None:
+    rc, err = _mpiexec_plain(3, str(DRIVERS / "one_rank_fails.py"), "--raw",
+                             env_extra={"CANARY_STARTUP_TIMEOUT": "3"})
+    assert rc != 0 and "APPLICATION TIMED OUT" not in err
+    assert "rank(s) [2] never started the program within 3 s" in err
