@@ -98,6 +98,22 @@ def tolerance_kernel(mom: np.ndarray, centers: np.ndarray, state: np.ndarray) ->
 
 
 @numba.njit(cache=True)
+def nearest_center(X: np.ndarray, i: int, centers: np.ndarray) -> tuple[int, float]:
+    """(index, squared distance) of the centre nearest to row ``i``; ties go to the lower index."""
+    best = -1
+    bd = 0.0
+    for j in range(centers.shape[0]):
+        s = 0.0
+        for f in range(X.shape[1]):
+            t = X[i, f] - centers[j, f]
+            s += t * t
+        if best < 0 or s < bd:
+            best = j
+            bd = s
+    return best, bd
+
+
+@numba.njit(cache=True)
 def assign_kernel(
     X: np.ndarray, meta: np.ndarray, labels: np.ndarray, centers: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -120,16 +136,7 @@ def assign_kernel(
     changed = 0
     inertia = 0.0
     for i in range(n):
-        best = -1
-        bd = 0.0
-        for j in range(k):
-            s = 0.0
-            for f in range(d):
-                t = X[i, f] - centers[j, f]
-                s += t * t
-            if best < 0 or s < bd:
-                best = j
-                bd = s
+        best, bd = nearest_center(X, i, centers)
         new[i] = best
         if labels[i] != best:
             changed += 1
@@ -244,20 +251,10 @@ def final_assign_kernel(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Labels against the final centres and the partition's inertia."""
     n, d = X.shape
-    k = centers.shape[0]
     labels = np.empty(n, np.int64)
     inertia = 0.0
     for i in range(n):
-        best = -1
-        bd = 0.0
-        for j in range(k):
-            s = 0.0
-            for f in range(d):
-                t = X[i, f] - centers[j, f]
-                s += t * t
-            if best < 0 or s < bd:
-                best = j
-                bd = s
+        best, bd = nearest_center(X, i, centers)
         labels[i] = best
         inertia += bd
     return labels, np.array([inertia])
