@@ -57,6 +57,28 @@ def _is_term(c: int) -> bool:
     return c == 32 or c == 9 or c == 13 or c == 11 or c == 12 or c == NL or c == HASH
 
 
+@nb.njit(cache=True, inline="always")
+def _next_data(buf: np.ndarray, i: int) -> int:  # pragma: no cover - compiled
+    """Offset of the first non-blank byte of the next data line at or after ``i``, skipping
+    blank lines and '#' comment lines; ``buf.size`` if there is none."""
+    n = buf.size
+    while i < n:
+        while i < n and _is_ws(buf[i]):
+            i += 1
+        if i >= n:
+            break
+        c = buf[i]
+        if c == NL:
+            i += 1
+        elif c == HASH:
+            while i < n and buf[i] != NL:
+                i += 1
+            i += 1
+        else:
+            return i
+    return n
+
+
 @nb.njit(cache=True)
 def count_data_lines(buf: np.ndarray) -> int:  # pragma: no cover - compiled
     """Number of lines that are neither blank nor comments ('#' first)."""
@@ -235,20 +257,10 @@ def svm_parse(
     nslow = 0
     cap = slow_pos.size
     indptr[0] = 0
-    while i < n:
-        while i < n and _is_ws(buf[i]):
-            i += 1
+    while True:
+        i = _next_data(buf, i)
         if i >= n:
             break
-        c = buf[i]
-        if c == NL:
-            i += 1
-            continue
-        if c == HASH:
-            while i < n and buf[i] != NL:
-                i += 1
-            i += 1
-            continue
         row_start[rows] = i
         s = i
         while i < n and not _is_term(buf[i]):
@@ -335,20 +347,10 @@ def edges_parse(
     n = buf.size
     i = 0
     m = 0
-    while i < n:
-        while i < n and _is_ws(buf[i]):
-            i += 1
+    while True:
+        i = _next_data(buf, i)
         if i >= n:
             break
-        c = buf[i]
-        if c == NL:
-            i += 1
-            continue
-        if c == HASH:
-            while i < n and buf[i] != NL:
-                i += 1
-            i += 1
-            continue
         line_start = i
         for f in range(2):
             while i < n and _is_ws(buf[i]):
