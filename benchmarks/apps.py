@@ -8,8 +8,9 @@ For each app and size, in one run:
   first and last iteration excluded (as the paper reports). The controller's report timestamps
   are not used: it polls with a back-off of up to 10 ms, so they arrive in bursts. Peak RSS of the largest rank
   (each worker rank's own ``ru_maxrss``, via ``benchmarks/peak_rss.py``) minus the same app's at
-  a tiny size (the runtime's own footprint) is compared with the bytes of the partitions each
-  worker holds.
+  a tiny size (the runtime's own footprint) is compared with the data's bytes per worker
+  (``memory_vs_partitions``) and with the bytes of the arrays each worker holds in its
+  partitions when the job ends (``memory_vs_held``, the worst worker).
 * **numba bound**: one process, ``W`` numba threads (``parallel=True``) calling the app's own
   kernel (logistic regression's gradient, k-means' assignment) over row blocks of the same data,
   or a CSR pull PageRank: the memory-bandwidth-bound time canary chases. Timed on ``W`` threads
@@ -235,15 +236,18 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
             raise RuntimeError(f"{app} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         rows = [json.loads(line) for line in open(metrics)]
         gaps = iteration_seconds(load_events(trace))
-        peaks = {}
+        mem = []
         for r in range(1, workers + 1):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
-                peaks[r] = json.load(f)["peak_rss_mb"]
+                mem.append(json.load(f))
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     inner = gaps[1:-1] if len(gaps) > 2 else gaps
     return {"seconds": statistics.mean(inner) if inner else None, "iterations": len(rows),
             "wall_s": round(wall, 3), "summary": summary,
-            "peak_rss_mb": max(peaks.values()), "peak_rss_mb_by_worker": list(peaks.values())}
+            "peak_rss_mb": max(m["peak_rss_mb"] for m in mem),
+            "peak_rss_mb_by_worker": [m["peak_rss_mb"] for m in mem],
+            "end_rss_mb_by_worker": [m.get("end_rss_mb") for m in mem],
+            "partition_mb_by_worker": [m.get("partition_mb") for m in mem]}
 
 
 # ------------------------------------------------------------------ peers
@@ -504,10 +508,19 @@ def main(argv: list[str] | None = None) -> int:
             row["peak_rss_mb"] = got["peak_rss_mb"]
             row["peak_rss_mb_by_worker"] = got["peak_rss_mb_by_worker"]
             row["baseline_rss_mb"] = base
+            row["end_rss_mb_by_worker"] = got["end_rss_mb_by_worker"]
+            row["partition_mb_by_worker"] = got["partition_mb_by_worker"]
             row["data_mb_per_worker"] = round(bound["data_bytes"] / W / 2**20, 1)
             if got["peak_rss_mb"] and base:
                 row["memory_vs_partitions"] = round(
                     (got["peak_rss_mb"] - base) / max(row["data_mb_per_worker"], 1e-9), 2)
+                # Each worker's peak above the runtime's footprint over the bytes of the arrays
+                # that worker holds in its partitions at the end (benchmarks/peak_rss.py); the
+                # worst worker counts. ``memory_vs_partitions`` divides by the bound's data / W.
+                ratios = [(pk - base) / held for pk, held in
+                          zip(got["peak_rss_mb_by_worker"], got["partition_mb_by_worker"]) if held]
+                if ratios:
+                    row["memory_vs_held"] = round(max(ratios), 2)
             row["canary_summary"] = {k: got["summary"].get(k) for k in
                                      ("iterations", "objective", "inertia", "rank_sum",
                                       "accuracy", "controller_messages") if k in got["summary"]}
