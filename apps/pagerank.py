@@ -9,17 +9,19 @@ over all vertices. The loop stops when the L1 change of the rank vector drops be
 Partitioning. ``--partitions P`` (a perfect square, P = g*g) edge partitions form a g x g grid;
 vertex id v is owned by vertex partition b(v) = hash(v) mod g, and edge (s, d) lives in edge
 partition (b(s), b(d)). So a vertex has at most g mirrors as a source (row b(v)) and g as a
-destination (column b(v)): at most 2*sqrt(P). Nobody holds the whole edge list: each read
-partition parses one byte range of the text file (or one row range of the .npy array, or one
-slice of the generated graph) and the edges are shuffled to their grid cell.
+destination (column b(v)): at most 2*sqrt(P). Nobody holds the whole edge list, nor even its
+share of it: each read partition is one byte range of the text file (or one row range of the
+.npy array, or one slice of the generated graph), streamed in K chunks, twice.
 
 Set-up (once):
 
-    raw_edges (P)  --scatter distinct ids by owner, gather unique--> vertex_ids (g)
-    raw_edges (P)  --scatter by grid cell, gather concat--> cell_edges (P)
-    cell_edges     --CSR kernel (dedupe, sort)--> csr_indptr, csr_indices, src_ids, dst_ids (P)
+    pass 1, K times: read a chunk (P) --scatter by grid cell, gather ids + counts--> merge
+        into each cell's distinct sources (with edge counts) and destinations
+    allocate each cell's CSR: csr_indptr, csr_indices (int32), src_ids, dst_ids (P)
+    pass 2, K times: read the chunk again --scatter by grid cell, concat--> fill the rows
+    sort each row, drop duplicate edges, compact
     src_ids + out-degrees (P) --to row owner--> routing (g);  dst_ids (P) --to column owner-->
-    vertex set-up kernel: routing tables (local indices), 1/out-degree (g)
+    vertex set-up kernel: vertex ids, routing tables (local indices), 1/out-degree (g)
     vertex counts --reduce--> stats (1) --broadcast--> ranks = 1/N
 
 Per iteration (docs/apps/pagerank.md draws it):
@@ -50,7 +52,7 @@ import numpy as np
 
 import canary
 from canary.driver import Progress, add_output_args, declare
-from canary.generate import rmat_edges
+from canary.generate import BLOCK_EDGES, rmat_edges
 from canary.io import (
     count_edges,
     partition_rows,
@@ -82,11 +84,6 @@ def pack(pieces: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([head] + [np.asarray(p, np.int64) for p in pieces])
 
 
-def unique_ids(pieces: list[np.ndarray]) -> np.ndarray:
-    """Gather of the vertex ids sent to one owner: sorted and distinct."""
-    return np.unique(np.concatenate(pieces).astype(np.int64))
-
-
 # ----------------------------------------------------------------------- kernels
 @numba.njit(cache=True)
 def _unique_sorted(a: np.ndarray) -> np.ndarray:
@@ -101,45 +98,148 @@ def _unique_sorted(a: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def csr_kernel(e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """CSR of a grid cell's edges: duplicates dropped, rows = the cell's distinct sources.
-
-    Returns (indptr (ns+1,), indices into dst_ids (m,), src_ids (ns,), dst_ids (nd,)), all int64
-    and sorted by id, so the layout does not depend on the order the edges arrived in.
-    """
-    src = e[:, 0].copy()
-    dst = e[:, 1].copy()
-    o = np.argsort(dst, kind="mergesort")
-    src = src[o]
-    dst = dst[o]
-    o = np.argsort(src, kind="mergesort")
-    src = src[o]
-    dst = dst[o]
-    m = src.shape[0]
-    keep = np.ones(m, np.bool_)
-    for i in range(1, m):
-        if src[i] == src[i - 1] and dst[i] == dst[i - 1]:
-            keep[i] = False
-    src = src[keep]
-    dst = dst[keep]
-    src_ids = _unique_sorted(src)
-    dst_ids = _unique_sorted(np.sort(dst))
-    indptr = np.zeros(src_ids.shape[0] + 1, np.int64)
+def _unique_counts(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values of a sorted array and how many times each occurs."""
+    n = a.shape[0]
+    k = 0
+    for i in range(n):
+        if i == 0 or a[i] != a[i - 1]:
+            k += 1
+    vals = np.empty(k, np.int64)
+    cnt = np.zeros(k, np.int64)
     j = -1
-    for i in range(src.shape[0]):
-        if i == 0 or src[i] != src[i - 1]:
+    for i in range(n):
+        if i == 0 or a[i] != a[i - 1]:
             j += 1
-        indptr[j + 1] += 1
-    for j in range(src_ids.shape[0]):
-        indptr[j + 1] += indptr[j]
-    indices = np.searchsorted(dst_ids, dst).astype(np.int64)
-    return indptr, indices, src_ids, dst_ids
+            vals[j] = a[i]
+        cnt[j] += 1
+    return vals, cnt
 
 
 @numba.njit(cache=True)
-def release_kernel(e: np.ndarray) -> np.ndarray:
-    """Replace a consumed edge partition by an empty one (frees its memory)."""
-    return np.empty((0, 2), np.int64)
+def chunk_summary_kernel(e: np.ndarray) -> np.ndarray:
+    """What a cell learns from one chunk of its edges: [ns, nd, sources (sorted, distinct),
+    their edge counts (duplicates included), destinations (sorted, distinct)]."""
+    src, cnt = _unique_counts(np.sort(e[:, 0]))
+    dst = _unique_sorted(np.sort(e[:, 1]))
+    ns, nd = src.shape[0], dst.shape[0]
+    out = np.empty(2 + 2 * ns + nd, np.int64)
+    out[0] = ns
+    out[1] = nd
+    out[2: 2 + ns] = src
+    out[2 + ns: 2 + 2 * ns] = cnt
+    out[2 + 2 * ns:] = dst
+    return out
+
+
+def chunk_summary(pieces: list[np.ndarray]) -> np.ndarray:
+    """Gather of a chunk's edges for one cell (pass 1): only the cell's ids and counts."""
+    e = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    return chunk_summary_kernel(e)
+
+
+@numba.njit(cache=True)
+def merge_summary_kernel(acc: np.ndarray, add: np.ndarray) -> np.ndarray:
+    """Union of two packed summaries (see chunk_summary_kernel), counts added."""
+    na, ma = acc[0], acc[1]
+    nb, mb = add[0], add[1]
+    sa, ca, da = acc[2: 2 + na], acc[2 + na: 2 + 2 * na], acc[2 + 2 * na: 2 + 2 * na + ma]
+    sb, cb, db = add[2: 2 + nb], add[2 + nb: 2 + 2 * nb], add[2 + 2 * nb: 2 + 2 * nb + mb]
+    src = np.empty(na + nb, np.int64)
+    cnt = np.empty(na + nb, np.int64)
+    i = j = k = 0
+    while i < na or j < nb:
+        if j >= nb or (i < na and sa[i] < sb[j]):
+            src[k], cnt[k] = sa[i], ca[i]
+            i += 1
+        elif i >= na or sb[j] < sa[i]:
+            src[k], cnt[k] = sb[j], cb[j]
+            j += 1
+        else:
+            src[k], cnt[k] = sa[i], ca[i] + cb[j]
+            i += 1
+            j += 1
+        k += 1
+    dst = np.empty(ma + mb, np.int64)
+    i = j = m = 0
+    while i < ma or j < mb:
+        if j >= mb or (i < ma and da[i] < db[j]):
+            dst[m] = da[i]
+            i += 1
+        elif i >= ma or db[j] < da[i]:
+            dst[m] = db[j]
+            j += 1
+        else:
+            dst[m] = da[i]
+            i += 1
+            j += 1
+        m += 1
+    out = np.empty(2 + 2 * k + m, np.int64)
+    out[0] = k
+    out[1] = m
+    out[2: 2 + k] = src[:k]
+    out[2 + k: 2 + 2 * k] = cnt[:k]
+    out[2 + 2 * k:] = dst[:m]
+    return out
+
+
+@numba.njit(cache=True)
+def csr_alloc_kernel(
+    acc: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """From a cell's summary: (indptr with room for every edge, duplicates included; indices
+    (int32, to fill); src_ids; dst_ids; fill cursors = indptr[:-1]; an empty summary)."""
+    ns, nd = acc[0], acc[1]
+    indptr = np.zeros(ns + 1, np.int64)
+    for s in range(ns):
+        indptr[s + 1] = indptr[s] + acc[2 + ns + s]
+    src_ids = acc[2: 2 + ns].copy()
+    dst_ids = acc[2 + 2 * ns: 2 + 2 * ns + nd].copy()
+    indices = np.empty(indptr[ns], np.int32)
+    return indptr, indices, src_ids, dst_ids, indptr[:ns].copy(), np.zeros(2, np.int64)
+
+
+def csr_fill(e: np.ndarray, src_ids: np.ndarray, dst_ids: np.ndarray, indices: np.ndarray,
+             fill: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 2: put one chunk of a cell's edges into their rows (in place)."""
+    _csr_fill(e, src_ids, dst_ids, indices, fill)
+    return indices, fill
+
+
+@numba.njit(cache=True)
+def _csr_fill(e: np.ndarray, src_ids: np.ndarray, dst_ids: np.ndarray, indices: np.ndarray,
+              fill: np.ndarray) -> None:
+    si = np.searchsorted(src_ids, e[:, 0])
+    di = np.searchsorted(dst_ids, e[:, 1])
+    for t in range(e.shape[0]):
+        s = si[t]
+        indices[fill[s]] = di[t]
+        fill[s] += 1
+
+
+@numba.njit(cache=True)
+def csr_finish_kernel(
+    indptr: np.ndarray, indices: np.ndarray, fill: np.ndarray, raw: np.ndarray, chunk: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Sort each row, drop duplicate edges, compact. Returns (indptr, indices) and empty
+    arrays for the set-up's temporaries (fill cursors, the last chunk read and gathered)."""
+    ns = indptr.shape[0] - 1
+    w = 0
+    lo = indptr[0]
+    for s in range(ns):
+        hi = indptr[s + 1]
+        row = indices[lo:hi]
+        row.sort()
+        start = w
+        for t in range(row.shape[0]):
+            if t == 0 or row[t] != row[t - 1]:
+                indices[w] = row[t]
+                w += 1
+        indptr[s] = start
+        lo = hi
+    indptr[ns] = w
+    return (indptr, indices[:w].copy(), np.empty(0, np.int64), np.empty((0, 2), np.int64),
+            np.empty((0, 2), np.int64))
 
 
 def source_piece(indptr: np.ndarray, src_ids: np.ndarray) -> np.ndarray:
@@ -149,15 +249,19 @@ def source_piece(indptr: np.ndarray, src_ids: np.ndarray) -> np.ndarray:
 
 @numba.njit(cache=True)
 def vertex_setup_kernel(
-    ids: np.ndarray, src_in: np.ndarray, dst_in: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Routing tables and 1/out-degree of a vertex partition.
+    src_in: np.ndarray, dst_in: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Vertex ids, routing tables and 1/out-degree of a vertex partition.
 
     ``src_in``/``dst_in`` are packed pieces from the cells of this partition's row/column. The
-    routing tables are [g, offsets (g+1), local vertex indices...]: piece c of the table lists,
-    in the cell's order, the local index of each of the cell's sources (destinations).
-    Returns (route_src, route_dst, inv_out_degree, [vertices, dangling vertices]).
+    partition's vertices are every id they name (a vertex is a source in its row or a
+    destination in its column). The routing tables are [g, offsets (g+1), local vertex
+    indices...]: piece c of the table lists, in the cell's order, the local index of each of
+    the cell's sources (destinations).
+    Returns (ids, route_src, route_dst, inv_out_degree, [vertices, dangling vertices]).
     """
+    ids = _unique_sorted(np.sort(np.concatenate((_packed_ids(src_in, True),
+                                                 _packed_ids(dst_in, False)))))
     n = ids.shape[0]
     outdeg = np.zeros(n, np.int64)
     route_src = _route(ids, src_in, outdeg, True)
@@ -169,7 +273,27 @@ def vertex_setup_kernel(
             inv[i] = 1.0 / outdeg[i]
         else:
             dangling += 1
-    return route_src, route_dst, inv, np.array([float(n), float(dangling)])
+    return ids, route_src, route_dst, inv, np.array([float(n), float(dangling)])
+
+
+@numba.njit(cache=True)
+def _packed_ids(packed: np.ndarray, with_deg: bool) -> np.ndarray:
+    """The ids in packed routing pieces (each piece: ids, then their degrees if with_deg)."""
+    g = packed[0]
+    total = 0
+    for c in range(g):
+        ln = packed[1 + c]
+        total += ln // 2 if with_deg else ln
+    out = np.empty(total, np.int64)
+    pos = 1 + g
+    w = 0
+    for c in range(g):
+        ln = packed[1 + c]
+        k = ln // 2 if with_deg else ln
+        out[w: w + k] = packed[pos: pos + k]
+        w += k
+        pos += ln
+    return out
 
 
 @numba.njit(cache=True)
@@ -309,6 +433,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="edge partitions, a perfect square g*g (default: the smallest square "
                          ">= 4 per worker); vertices get g partitions")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chunk-edges", type=int, default=None,
+                    help="set-up reads each partition's edges in chunks of about this many "
+                         "(smaller: less memory while loading, more tasks; default: 1/16 of "
+                         "a partition, a power of two in [4096, 65536])")
     ap.add_argument("--output", help="write 'vertex rank' lines, sorted by vertex id")
     ap.add_argument("--top", type=int, default=0, help="print the K highest-ranked vertices")
     add_output_args(ap)
@@ -330,6 +458,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--damping must be in (0, 1), got {args.damping}")
     if args.tol <= 0 or args.max_iter < 0 or args.top < 0:
         ap.error("--tol must be > 0, --max-iter >= 0 and --top >= 0")
+    if args.chunk_edges is not None and args.chunk_edges < 1:
+        ap.error(f"--chunk-edges must be >= 1, got {args.chunk_edges}")
     if args.partitions is not None:
         g = math.isqrt(max(args.partitions, 0))
         if args.partitions < 1 or g * g != args.partitions:
@@ -337,6 +467,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--partitions must be a perfect square (a g x g grid of edge blocks), "
                      f"got {args.partitions}; try {lo} or {hi}")
     return args
+
+
+def auto_chunk_edges(m: int, partitions: int) -> int:
+    """About 1/16 of a read partition, a power of two in [4096, 65536] (65536 = R-MAT's block):
+    the chunks in flight on a worker stay a small fraction of its CSR."""
+    want = max(1, math.ceil(m / partitions / 16))
+    return min(1 << 16, max(1 << 12, 1 << (want - 1).bit_length()))
 
 
 def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dict[str, Any]]:
@@ -352,24 +489,41 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     else:
         g = max(1, math.ceil(math.sqrt(4 * max(n_workers, 1))))
     P = g * g
+    # Set-up streams the edges in chunks of about --chunk-edges per read partition, twice
+    # (pass 1: each cell's ids and row lengths; pass 2: fill the CSR), so no worker ever holds
+    # its raw edge list: memory stays near the CSR's own size.
+    chunk = args.chunk_edges or auto_chunk_edges(m, P)
     if args.input is not None and not is_npy:
-        ranges = split_byte_ranges(args.input, P)
+        K = max(1, math.ceil(m / P / chunk))
+        byte_ranges = split_byte_ranges(args.input, P * K)
+        chunks = [byte_ranges[i * K:(i + 1) * K] for i in range(P)]
     else:
-        ranges = partition_rows(m, P)
+        # Row chunks; with --generate, aligned to R-MAT's blocks (a block is generated whole).
+        align = BLOCK_EDGES if args.input is None and chunk >= BLOCK_EDGES else 1
+        step = max(align, chunk // align * align)
+        rows = []
+        for a, b in partition_rows(m, P):
+            cuts = [a] + list(range((a // step + 1) * step, b, step)) + [b]
+            rows.append(list(zip(cuts[:-1], cuts[1:])))
+        K = max(len(r) for r in rows)
+        chunks = [r + [(r[-1][1], r[-1][1])] * (K - len(r)) for r in rows]
 
-    def load(i: int, parts: int) -> np.ndarray:
-        a, b = ranges[i]
+    def start_reading(i: int, parts: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.array([i, 0], np.int64), np.zeros(2, np.int64)
+
+    def read_chunk(cursor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next chunk of read partition cursor[0] (chunk cursor[1] mod K); advances."""
+        i, k = int(cursor[0]), int(cursor[1]) % K
+        a, b = chunks[i][k]
+        cursor[1] += 1
         if args.input is None:
-            return rmat_edges(args.n_vertices, args.n_edges, args.seed, start=a, stop=b,
-                              sparse_ids=args.sparse_ids)
-        if is_npy:
-            return read_edges_rows(args.input, a, b)
-        return read_edges_range(args.input, a, b)
-
-    def ids_scatter(e: np.ndarray) -> list[np.ndarray]:
-        u = np.unique(e)
-        own = vertex_owner(u, g)
-        return [u[own == b] for b in range(g)]
+            e = rmat_edges(args.n_vertices, args.n_edges, args.seed, start=a, stop=b,
+                           sparse_ids=args.sparse_ids)
+        elif is_npy:
+            e = read_edges_rows(args.input, a, b)
+        else:
+            e = read_edges_range(args.input, a, b)
+        return e, cursor
 
     def cell_scatter(e: np.ndarray) -> list[np.ndarray]:
         cell = vertex_owner(e[:, 0], g) * g + vertex_owner(e[:, 1], g)
@@ -379,8 +533,12 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         return [es[bounds[q]: bounds[q + 1]] for q in range(P)]
 
     p = canary.Program("pagerank")
+    cursor = p.dataset("read_cursor", P)
     raw = p.dataset("raw_edges", P)
+    summary = p.dataset("chunk_summary", P)
+    cell_ids = p.dataset("cell_summary", P)
     cells = p.dataset("cell_edges", P)
+    fill = p.dataset("csr_fill", P)
     indptr = p.dataset("csr_indptr", P)
     indices = p.dataset("csr_indices", P)
     src_ids = p.dataset("src_ids", P)
@@ -405,18 +563,26 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     vsum = p.dataset("stats_sum", 1)
     ecount = p.dataset("edge_count", 1)
 
-    # --- set-up: vertex ownership, grid cells, CSR, routing tables
-    p.load([raw], load, name="load_edges")
-    p.scatter_gather(raw, vids, ids_scatter, unique_ids, name="shuffle_vertex_ids")
-    p.scatter_gather(raw, cells, cell_scatter, "concat", name="shuffle_edges_to_cells")
-    p.compute(release_kernel, [raw], [raw])
-    p.compute(csr_kernel, [cells], [indptr, indices, src_ids, dst_ids])
-    p.compute(release_kernel, [cells], [cells])
+    # --- set-up, pass 1: each cell's distinct sources (with edge counts) and destinations
+    p.load([cursor, cell_ids], start_reading, name="start_reading")
+    with p.loop(K):
+        p.compute(read_chunk, [cursor], [raw, cursor], name="read_chunk")
+        p.scatter_gather(raw, summary, cell_scatter, chunk_summary, name="summarize_cells")
+        p.compute(merge_summary_kernel, [cell_ids, summary], [cell_ids])
+    p.compute(csr_alloc_kernel, [cell_ids], [indptr, indices, src_ids, dst_ids, fill, cell_ids])
+    # --- pass 2: the same chunks again, each edge into its row of the cell's CSR
+    with p.loop(K):
+        p.compute(read_chunk, [cursor], [raw, cursor], name="reread_chunk")
+        p.scatter_gather(raw, cells, cell_scatter, "concat", name="shuffle_edges_to_cells")
+        p.compute(csr_fill, [cells, src_ids, dst_ids, indices, fill], [indices, fill])
+    p.compute(csr_finish_kernel, [indptr, indices, fill, raw, cells],
+              [indptr, indices, fill, raw, cells])
+    # --- routing tables: each cell's sources to its row owner, destinations to its column's
     p.scatter_gather([indptr, src_ids], src_in, source_piece, pack,
                      targets=lambda q: [q // g], one_piece=True, name="route_sources")
     p.scatter_gather(dst_ids, dst_in, None, pack, targets=lambda q: [q % g], one_piece=True,
                      name="route_destinations")
-    p.compute(vertex_setup_kernel, [vids, src_in, dst_in], [route_src, route_dst, inv, vinfo])
+    p.compute(vertex_setup_kernel, [src_in, dst_in], [vids, route_src, route_dst, inv, vinfo])
     p.reduce(vinfo, counts, name="count_vertices")
     stats0 = np.zeros(T_LEN)
     stats0[[T_L1, T_ALPHA, T_TOL]] = [np.inf, args.damping, args.tol]

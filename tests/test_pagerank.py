@@ -106,6 +106,27 @@ def test_same_partitions_bitwise_identical_across_workers() -> None:
         np.testing.assert_array_equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("fmt", ["generate", "text", "npy"])
+def test_chunked_setup_same_answer(tmp_path: Path, fmt: str) -> None:
+    """Set-up streams each read partition in chunks (--chunk-edges): any chunk size, ragged
+    last chunks and partitions with fewer chunks than others give bitwise the same ranks."""
+    e = rmat_edges(250, 1700, 3, sparse_ids=True)
+    data = ["--generate", "250,1700", "--seed", "3", "--sparse-ids"]
+    if fmt == "text":
+        write_text(tmp_path / "g.txt", e)
+        data = ["--input", str(tmp_path / "g.txt")]
+    elif fmt == "npy":
+        np.save(tmp_path / "g.npy", e)
+        data = ["--input", str(tmp_path / "g.npy")]
+    argv = [*data, "--partitions", "4", *TIGHT]
+    ids, ranks, _ = run_pr(argv, 1)
+    assert_matches(nx_ranks(e), ids, ranks)
+    for chunk, workers in [(1, 2), (37, 2), (100, 3)]:
+        ids2, ranks2, _ = run_pr([*argv, "--chunk-edges", str(chunk)], workers)
+        np.testing.assert_array_equal(ids2, ids)
+        np.testing.assert_array_equal(ranks2, ranks)
+
+
 def test_max_iter_bounds_the_loop() -> None:
     _, ranks, s = run_pr(["--generate", "200,1000", "--max-iter", "3", "--partitions", "4"])
     assert s[pr.T_ITER] == 3 and s[pr.T_L1] > 1e-10
