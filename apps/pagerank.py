@@ -335,9 +335,12 @@ def stats_init_kernel(counts: np.ndarray, stats: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def rank_init_kernel(inv: np.ndarray, stats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rank_init_kernel(inv: np.ndarray, stats: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x = 1/N, its contribution x/out-degree, and the sums the first vertex kernel reads
+    ([L1 change, dangling mass, rank sum] of x, as the all-reduce of vertex_stats gives them)."""
     x = np.full(inv.shape[0], 1.0 / stats[T_N])
-    return x, x * inv
+    return x, x * inv, np.array([stats[T_L1], stats[T_DANGLING], stats[T_SUM]])
 
 
 def mirror_scatter(contrib: np.ndarray, route: np.ndarray) -> list[np.ndarray]:
@@ -363,11 +366,14 @@ def edge_kernel(
 
 @numba.njit(cache=True)
 def vertex_kernel(
-    incoming: np.ndarray, route: np.ndarray, x: np.ndarray, inv: np.ndarray, stats: np.ndarray
+    incoming: np.ndarray, route: np.ndarray, x: np.ndarray, contrib: np.ndarray,
+    inv: np.ndarray, stats: np.ndarray, sums: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x' = alpha * (in-sum + dangling mass / N) + (1 - alpha) / N, as networkx.
 
-    Returns (x', contribution x' / out-degree, [L1 change, dangling mass of x', sum of x']).
+    ``stats`` holds the constants (N, alpha), ``sums`` the previous iteration's [L1 change,
+    dangling mass, rank sum] summed over all vertex partitions. Updates x and the contribution
+    x' / out-degree in place; returns them and [L1 change, dangling mass of x', sum of x'].
     """
     n = x.shape[0]
     g = route[0]
@@ -377,20 +383,19 @@ def vertex_kernel(
         acc[idx[t]] += incoming[t]
     alpha = stats[T_ALPHA]
     nv = stats[T_N]
-    xn = np.empty(n)
-    contrib = np.empty(n)
+    base = alpha * sums[1] / nv + (1.0 - alpha) / nv
     l1 = 0.0
     dang = 0.0
     tot = 0.0
     for i in range(n):
-        v = alpha * (acc[i] + stats[T_DANGLING] / nv) + (1.0 - alpha) / nv
-        xn[i] = v
-        contrib[i] = v * inv[i]
+        v = alpha * acc[i] + base
         l1 += abs(v - x[i])
+        x[i] = v
+        contrib[i] = v * inv[i]
         tot += v
         if inv[i] == 0.0:
             dang += v
-    return xn, contrib, np.array([l1, dang, tot])
+    return x, contrib, np.array([l1, dang, tot])
 
 
 @numba.njit(cache=True)
@@ -511,8 +516,13 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     def start_reading(i: int, parts: int) -> tuple[np.ndarray, np.ndarray]:
         return np.array([i, 0], np.int64), np.zeros(2, np.int64)
 
-    def read_chunk(cursor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The next chunk of read partition cursor[0] (chunk cursor[1] mod K); advances."""
+    def read_chunk(cursor: np.ndarray, after: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next chunk of read partition cursor[0] (chunk cursor[1] mod K); advances.
+
+        ``after`` is only a dependency: the cell that the previous chunk's pieces were merged
+        into, so reading waits for that merge, which waited for every piece of the previous
+        chunk. Without it, reads and scatters run ahead of the gathers (up to the run-ahead
+        window) and the pieces of many chunks pile up, which is what chunking avoids."""
         i, k = int(cursor[0]), int(cursor[1]) % K
         a, b = chunks[i][k]
         cursor[1] += 1
@@ -558,6 +568,7 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     incoming = p.dataset("incoming", g)
     vstat = p.dataset("vertex_stats", g)
     local_stats = p.dataset("local_stats", g)
+    gsums = p.dataset("global_sums", g)
     counts = p.dataset("vertex_counts", 1)
     stats = p.dataset("stats", 1)
     vsum = p.dataset("stats_sum", 1)
@@ -566,13 +577,13 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     # --- set-up, pass 1: each cell's distinct sources (with edge counts) and destinations
     p.load([cursor, cell_ids], start_reading, name="start_reading")
     with p.loop(K):
-        p.compute(read_chunk, [cursor], [raw, cursor], name="read_chunk")
+        p.compute(read_chunk, [cursor, cell_ids], [raw, cursor], name="read_chunk")
         p.scatter_gather(raw, summary, cell_scatter, chunk_summary, name="summarize_cells")
         p.compute(merge_summary_kernel, [cell_ids, summary], [cell_ids])
     p.compute(csr_alloc_kernel, [cell_ids], [indptr, indices, src_ids, dst_ids, fill, cell_ids])
     # --- pass 2: the same chunks again, each edge into its row of the cell's CSR
     with p.loop(K):
-        p.compute(read_chunk, [cursor], [raw, cursor], name="reread_chunk")
+        p.compute(read_chunk, [cursor, fill], [raw, cursor], name="reread_chunk")
         p.scatter_gather(raw, cells, cell_scatter, "concat", name="shuffle_edges_to_cells")
         p.compute(csr_fill, [cells, src_ids, dst_ids, indices, fill], [indices, fill])
     p.compute(csr_finish_kernel, [indptr, indices, fill, raw, cells],
@@ -591,18 +602,24 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     p.compute(edge_count_kernel, [indices], [ecount_local])
     p.reduce(ecount_local, ecount, name="count_edges")
     p.broadcast(stats, local_stats, name="broadcast_n")
-    p.compute(rank_init_kernel, [inv, local_stats], [x, contrib])
+    p.compute(rank_init_kernel, [inv, local_stats], [x, contrib, gsums])
 
-    # --- power iteration
-    with p.while_(not_converged, on=stats, max_iter=args.max_iter):
-        p.broadcast(stats, local_stats)
+    # --- power iteration. The contributions go to the mirrors at the end of an iteration, and
+    # every vertex partition gets the global sums (dangling mass) by an all-reduce, so these
+    # exchanges overlap the reduce + signal that decides whether another iteration runs.
+    def to_mirrors() -> None:
         p.scatter_gather([contrib, route_src], mirror, mirror_scatter, "replace",
                          targets=lambda b: [b * g + c for c in range(g)], name="send_to_mirrors")
+
+    to_mirrors()
+    with p.while_(not_converged, on=stats, max_iter=args.max_iter):
         p.compute(edge_kernel, [indptr, indices, dst_ids, mirror], [partial])
         p.scatter_gather(partial, incoming, None, "concat", targets=lambda q: [q % g],
                          one_piece=True, name="send_to_owners")
-        p.compute(vertex_kernel, [incoming, route_dst, x, inv, local_stats],
+        p.compute(vertex_kernel, [incoming, route_dst, x, contrib, inv, local_stats, gsums],
                   [x, contrib, vstat])
+        to_mirrors()
+        p.scatter_gather(vstat, gsums, None, "sum", one_piece=True, name="allreduce_sums")
         p.reduce(vstat, vsum)
         p.compute(step_kernel, [vsum, stats], [stats])
         p.report(stats, callback=args.on_progress)
