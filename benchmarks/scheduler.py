@@ -48,6 +48,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import canary  # noqa: E402
+import canary.execute  # noqa: E402
+from canary.chain import CHAINS, ChainCache  # noqa: E402
 from canary.execute import run_task  # noqa: E402
 from canary.messages import CONTROLLER, Callback, Finish, Send, Shutdown  # noqa: E402
 from canary.trace import Tracer, gather_and_write, trace_path  # noqa: E402
@@ -58,6 +60,10 @@ LENGTHS_US = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 QUICK_LENGTHS_US = (0.0, 10.0)
 MUL, ADD = 0.9999999, 1e-7
 START = 0.5  # not the recurrence's fixed point (1.0), so the answer counts the iterations run
+# In-process variants: (name, max_fused, compile_after). "tasks": every task scheduled alone
+# (what stages next to communication cost); "fused_python": compute stretches fused, kernels
+# called from Python; "fused_compiled": the stretch's kernels called from a compiled loop.
+INPROC_VARIANTS = (("tasks", 0, 0), ("fused_python", 1024, 1 << 62), ("fused_compiled", 1024, 0))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -137,12 +143,13 @@ def check_result(values: list[np.ndarray], iters: int, stages: int) -> bool:
 
 
 # ------------------------------------------------------------------ in-process (no MPI)
-def run_inproc(program: canary.Program, window: int = 64) -> tuple[float, int, list[np.ndarray]]:
+def run_inproc(program: canary.Program, window: int = 64,
+               max_fused: int = 1024) -> tuple[float, int, list[np.ndarray]]:
     """One worker and the controller state in this process; the worker loop of
     ``worker.runtime`` without MPI. Returns (busy seconds, tasks run, final partitions)."""
     program.finalize()
     ctrl = ControllerState(program, 1)
-    ws = WorkerState(program, 0, 1, window)
+    ws = WorkerState(program, 0, 1, window, max_fused)
     to_ctrl: deque[Any] = deque()
     to_worker: deque[Any] = deque()
     runq: deque[Any] = deque()
@@ -191,6 +198,15 @@ def mpi_child(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     rank, workers = comm.Get_rank(), comm.Get_size() - 1
     busy_kernel(np.array([1.0, 1.0]))  # load the compiled kernel before timing
+    # JIT warm-up, as for the kernel: one untimed job long enough for the engine to compile the
+    # stretch loop (canary.chain compiles a body after CANARY_COMPILE_AFTER tasks in Python).
+    warm = comm.Dup()
+    prog = build_program(workers, args.ppc, 0, CHAINS.compile_after // (args.ppc * workers) + 2)
+    if rank == 0:
+        run_controller(prog, warm)
+    else:
+        run_worker(prog, warm)
+    warm.Free()
     for length_us, iters, stages in json.loads(args.points):
         prog = build_program(workers, args.ppc, iters, stages)
         jc = comm.Dup()
@@ -363,18 +379,23 @@ def main(argv: list[str] | None = None) -> int:
 
     inproc: list[dict[str, Any]] = []
     if not args.no_inproc:
-        for length, iters, kns in plan:
-            stages = stages_for(length, 1, args.ppc, target, min_tasks, max_tasks)
-            prog = build_program(1, args.ppc, iters, stages)
-            busy, tasks, values = run_inproc(prog)
-            over = (busy * 1e9 - stages * args.ppc * kns) / tasks
-            row = {"mode": "inproc", "length_us": length, "kernel_ns": round(kns, 1),
-                   "tasks": tasks, "stages": stages,
-                   "correct": check_result(values, iters, stages),
-                   "sched_overhead_ns": round(over, 1),
-                   "tasks_per_s_per_core": round(tasks / busy, 1)}
-            inproc.append(row)
-            print(json.dumps(row), flush=True)
+        for variant, max_fused, compile_after in INPROC_VARIANTS:
+            canary.execute.CHAINS = ChainCache(compile_after)
+            for length, iters, kns in plan:
+                stages = stages_for(length, 1, args.ppc, target, min_tasks, max_tasks)
+                if variant == "fused_compiled":  # JIT warm-up, like the kernel's own
+                    run_inproc(build_program(1, args.ppc, iters, 4))
+                prog = build_program(1, args.ppc, iters, stages)
+                busy, tasks, values = run_inproc(prog, max_fused=max_fused)
+                over = (busy * 1e9 - stages * args.ppc * kns) / tasks
+                row = {"mode": "inproc", "variant": variant, "length_us": length,
+                       "kernel_ns": round(kns, 1), "tasks": tasks, "stages": stages,
+                       "correct": check_result(values, iters, stages),
+                       "sched_overhead_ns": round(over, 1),
+                       "tasks_per_s_per_core": round(tasks / busy, 1)}
+                inproc.append(row)
+                print(json.dumps(row), flush=True)
+        canary.execute.CHAINS = CHAINS
 
     mpi_rows: dict[int, list[dict[str, Any]]] = {}
     for w in worker_counts:
@@ -416,8 +437,10 @@ def main(argv: list[str] | None = None) -> int:
         "empty_task_rate_per_core": empty[0]["tasks_per_s_per_core"] if empty else None,
         "shortest_task_us_at_10pct": shortest,
         "task_us_at_10pct_from_median": round(9 * over / 1e3, 2),
-        "inproc_sched_overhead_ns": (round(statistics.median(r["sched_overhead_ns"] for r in inproc), 1)
-                                     if inproc else None),
+        "inproc_sched_overhead_ns": {
+            v: round(statistics.median(r["sched_overhead_ns"] for r in inproc
+                                       if r["variant"] == v and r["length_us"] <= 10.0), 1)
+            for v, _, _ in INPROC_VARIANTS} if inproc else None,
         "tasks_per_s_by_workers": {str(w): max(r["tasks_per_s"] for r in rs)
                                    for w, rs in mpi_rows.items()},
         "all_correct": all(r["correct"] for rs in mpi_rows.values() for r in rs)

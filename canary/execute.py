@@ -6,22 +6,40 @@ This is the only place user code (kernels, loaders, signals, gathers) is called 
 
 from __future__ import annotations
 
+import time
 import traceback
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from canary.chain import CHAINS, is_compile_error
 from canary.messages import TaskDone, TaskFailed
-from worker.state import K_COMPUTE, K_GATHER, K_LOAD, K_SCATTER, K_SIGNAL, Task, WorkerState
+from worker.state import (
+    K_COMPUTE,
+    K_FUSED,
+    K_GATHER,
+    K_LOAD,
+    K_SCATTER,
+    K_SIGNAL,
+    Stretch,
+    Task,
+    WorkerState,
+)
 
 
 class ResultError(TypeError):
     """A task returned something of the wrong shape for its stage."""
 
 
-def run_task(state: WorkerState, task: Task) -> TaskDone | TaskFailed:
+def run_task(state: WorkerState, task: Task,
+             on_task: Callable[..., None] | None = None) -> TaskDone | TaskFailed:
     """Run ``task`` and return the event to feed back to ``state``.
+
+    ``on_task(stage, seq, iteration, partition, start, end)`` (tracing only) is called after
+    each task inside a fused stretch, with ``time.time()`` stamps; the stretch then calls every
+    kernel from Python, so that each task is timed alone.
 
     Never raises for a failure of user code: an exception (or a malformed result) becomes a
     :class:`TaskFailed` whose message names the rank, the stage, the partition and the
@@ -33,15 +51,19 @@ def run_task(state: WorkerState, task: Task) -> TaskDone | TaskFailed:
             res = task.stage.fn(*[p.value for p in task.reads])  # type: ignore[misc]
             if type(res) is np.ndarray and len(task.writes) == 1 and not res.dtype.hasobject:
                 return TaskDone(0, task, (_unaliased(res, task.writes[0], task.reads),))
+            outs = _outputs(task.stage.writes, res)
             return TaskDone(0, task, tuple(_unaliased(v, w, task.reads)
-                                           for v, w in zip(_outputs(task, res), task.writes)))
+                                           for v, w in zip(outs, task.writes)))
         except Exception:
             return _failed(state, task)
+    if kind == K_FUSED:
+        assert task.stretch is not None
+        return _run_stretch(state, task, task.stretch, on_task)
     fn, args = state.task_call(task)
     try:
         res = fn(*args)
         if kind == K_LOAD:
-            res = _outputs(task, res)
+            res = _outputs(task.stage.writes, res)
         elif kind == K_SCATTER:
             res = _pieces(task, res)
         elif kind == K_GATHER:
@@ -57,6 +79,95 @@ def run_task(state: WorkerState, task: Task) -> TaskDone | TaskFailed:
     return TaskDone(0, task, res)
 
 
+def _run_stretch(state: WorkerState, task: Task, stretch: Stretch,
+                 on_task: Callable[..., None] | None = None) -> TaskDone | TaskFailed:
+    """Run a fused stretch: every compute instance on one partition index, then the next.
+
+    Outputs are checked exactly as for a lone compute task (same shapes, same aliasing rule).
+    The result is ``[(Partition, value), ...]`` for every partition the stretch wrote. A failure
+    names the very instance and partition that failed, as a lone task's would.
+    """
+    out: list[tuple[Any, Any]] = []
+    instances = stretch.instances
+    by_stage = {st: _step(st) for st in dict.fromkeys(st for st, _, _ in instances)}
+    steps = [by_stage[st] for st, _, _ in instances]
+    first = steps[0][1]
+    inplace = first if all(s[1] is not None and s[1] == first for s in by_stage.values()) else None
+    fns = [s[0] for s in steps]
+    ndarray = np.ndarray
+    if on_task is not None:
+        inplace = None  # the general path below times every task
+    runner = CHAINS.runner(fns, stretch.tasks) if inplace is not None else None
+    progress = np.zeros(1, np.int64)
+    for i, row in zip(stretch.idxs, stretch.parts):
+        n = 0
+        try:
+            if runner is not None:  # compiled: the kernels call each other from machine code
+                assert inplace is not None
+                loop, reps, tail = runner
+                progress[0] = 0
+                try:
+                    v = loop(row[inplace].value, reps, tail, progress)
+                except Exception as exc:
+                    if not is_compile_error(exc):
+                        n = int(progress[0])
+                        raise
+                    CHAINS.failed(fns)  # nothing ran: redo this partition in Python
+                    runner = None
+                else:
+                    if type(v) is not ndarray or v.dtype.hasobject:
+                        n = len(fns) - 1
+                        v = _outputs(instances[n][0].writes, v)[0]
+                    out.append((row[inplace], v))
+                    continue
+            if inplace is not None:  # every stage updates one dataset: v = f(v), the hot case
+                v = row[inplace].value
+                for fn in fns:
+                    v = fn(v)
+                    if type(v) is not ndarray or v.dtype.hasobject:
+                        v = _outputs(instances[n][0].writes, v)[0]
+                    n += 1
+                out.append((row[inplace], v))
+                continue
+            vals = {d: p.value for d, p in row.items()}
+            for fn, _, rids, wids, others in steps:
+                if on_task is not None:
+                    t0 = time.time()
+                res = fn(*[vals[d] for d in rids])
+                if type(res) is ndarray and len(wids) == 1 and not res.dtype.hasobject:
+                    outs: tuple[np.ndarray, ...] = (res,)
+                else:
+                    outs = _outputs(instances[n][0].writes, res)
+                for d, v, oth in zip(wids, outs, others):
+                    vals[d] = _alias_free(v, [vals[r] for r in oth]) if oth else v
+                if on_task is not None:
+                    on_task(*instances[n], i, t0, time.time())
+                n += 1
+            out.extend((row[d], vals[d]) for d in stretch.written)
+        except Exception:
+            st, _seq, it = instances[n]
+            return _failed(state, task, f"{st.label(it)}, compute task on partition {i} "
+                                        f"(in a {stretch.describe()})")
+    return TaskDone(0, task, out)
+
+
+def _step(st: Any) -> tuple[Any, int | None, tuple[int, ...], tuple[int, ...],
+                            tuple[tuple[int, ...], ...]]:
+    """(fn, the dataset it updates in place or None, read ids, write ids, for each write the
+    other read ids its output must not alias) of a compute stage, built once per stage."""
+    step = _STEPS.get(st)
+    if step is None:
+        rids = tuple(d.id for d in st.reads)
+        wids = tuple(d.id for d in st.writes)
+        others = tuple(tuple(r for r in rids if r != w) for w in wids)
+        inplace = wids[0] if len(wids) == 1 and rids == wids else None
+        step = _STEPS[st] = (st.fn, inplace, rids, wids, others)
+    return step
+
+
+_STEPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def _unaliased(value: np.ndarray, dest: Any, reads: tuple[Any, ...]) -> np.ndarray:
     """``value``, copied if it is (a direct view of) an input partition other than ``dest``.
 
@@ -64,23 +175,25 @@ def _unaliased(value: np.ndarray, dest: Any, reads: tuple[Any, ...]) -> np.ndarr
     but returning another dataset's partition, or a slice of it, would make two partitions
     share memory, and a later in-place update of one would silently change the other.
     """
+    return _alias_free(value, [r.value for r in reads if r is not dest])
+
+
+def _alias_free(value: np.ndarray, others: list[Any]) -> np.ndarray:
+    """``value``, copied if it is one of ``others`` or a direct view of one."""
     base = value.base
-    for r in reads:
-        if r is not dest:
-            v = r.value
-            if value is v or base is v:
-                return value.copy()
+    for v in others:
+        if value is v or base is v:
+            return value.copy()
     return value
 
 
-def _failed(state: WorkerState, task: Task) -> TaskFailed:
-    msg = (f"rank {state.rank} (worker {state.worker}): {task.label()} failed:\n"
+def _failed(state: WorkerState, task: Task, label: str | None = None) -> TaskFailed:
+    msg = (f"rank {state.rank} (worker {state.worker}): {label or task.label()} failed:\n"
            f"{traceback.format_exc()}")
     return TaskFailed(0, task, msg)
 
 
-def _outputs(task: Task, res: Any) -> tuple[np.ndarray, ...]:
-    writes = task.stage.writes
+def _outputs(writes: tuple[Any, ...], res: Any) -> tuple[np.ndarray, ...]:
     if len(writes) == 1 and not isinstance(res, tuple):
         res = (res,)
     if not isinstance(res, tuple) or len(res) != len(writes):

@@ -91,17 +91,19 @@ def run_local(
     mean_task: float = 1.0,
     validate: bool = False,
     max_events: int = 50_000_000,
+    max_fused: int = 1024,
 ) -> JobResult:
     """Run ``program`` on ``workers`` simulated workers; return the job's result.
 
     Raises :class:`TaskError` with the failing task's message if user code fails, and
     RuntimeError if the job deadlocks (no event left before every worker is done), which
     would be an engine bug. ``validate=True`` checks every state's invariants after each event.
+    ``max_fused`` bounds the tasks a fused compute stretch stands for (below 2: no fusion).
     """
     program.finalize()
     rng = random.Random(seed)
     ctrl = ControllerState(program, workers)
-    states = [WorkerState(program, w, workers, window) for w in range(workers)]
+    states = [WorkerState(program, w, workers, window, max_fused) for w in range(workers)]
     heap: list[tuple[float, int, int, Any]] = []
     last_arrival: dict[tuple[int, int], float] = {}
     ready: list[list[RunTask]] = [[] for _ in range(workers)]

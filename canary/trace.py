@@ -5,6 +5,9 @@ every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
 
 * each task as a complete event (``ph: "X"``) on its worker's track, named after its stage, with
   the stage, kind, partition, stage-instance number and iteration in ``args``;
+* a task run inside a fused compute stretch (see ``worker.state.Stretch``) the same way, with
+  ``args.fused`` true: in a traced run, stretches call their kernels from Python so that every
+  task is timed alone (an untraced run may call them from one compiled loop);
 * each message as a short slice on the sender's and the receiver's track (``send Piece`` /
   ``recv Piece``) joined by a flow arrow (``ph: "s"``/``"f"``, id = the message's ``eid``, which
   is unique per job).
@@ -48,11 +51,21 @@ class Tracer:
     def task(self, task: Any, start: float, end: float, ok: bool = True) -> None:
         """A task of ``worker.state.Task`` that ran from ``start`` to ``end`` (seconds)."""
         st = task.stage
+        args: dict[str, Any] = {"stage": st.id, "kind": task.kind, "partition": task.part,
+                                "seq": task.seq, "iteration": list(task.iteration)}
+        self._task(st.name, ok, start, end, args)
+
+    def fused_task(self, stage: Any, seq: int, iteration: tuple[int, ...], partition: int,
+                   start: float, end: float) -> None:
+        """One compute task run inside a fused stretch (``args.fused`` is true)."""
+        self._task(stage.name, True, start, end,
+                   {"stage": stage.id, "kind": "compute", "partition": partition, "seq": seq,
+                    "iteration": list(iteration), "fused": True})
+
+    def _task(self, name: str, ok: bool, start: float, end: float, args: dict[str, Any]) -> None:
         self.events.append({
-            "ph": "X", "name": st.name, "cat": "task" if ok else "task,failed", "pid": self.rank,
-            "tid": 0, "ts": start * 1e6, "dur": max((end - start) * 1e6, 0.01),
-            "args": {"stage": st.id, "kind": task.kind, "partition": task.part,
-                     "seq": task.seq, "iteration": list(task.iteration)},
+            "ph": "X", "name": name, "cat": "task" if ok else "task,failed", "pid": self.rank,
+            "tid": 0, "ts": start * 1e6, "dur": max((end - start) * 1e6, 0.01), "args": args,
         })
 
     def send(self, dest: int, msg: Any, t: float | None = None) -> None:

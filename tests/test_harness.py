@@ -61,7 +61,8 @@ def test_controller_traffic_is_independent_of_iterations_and_partitions() -> Non
     assert counts[(3, 1)] == 3 * 2 + 3 * 2  # Hello+Done in, Placement+Shutdown out, per worker
 
 
-def test_kernel_failure_raises_task_error_with_stage_and_partition() -> None:
+@pytest.mark.parametrize("max_fused", [0, 1024], ids=["tasks", "fused"])
+def test_kernel_failure_raises_task_error_with_stage_and_partition(max_fused: int) -> None:
     p = Program("fail")
     x = p.dataset("x", 4)
     p.load([x], lambda i, n: np.array([float(i)]))
@@ -71,9 +72,12 @@ def test_kernel_failure_raises_task_error_with_stage_and_partition() -> None:
             raise ValueError("bad partition")
         return v
 
-    p.compute(bad, [x], [x], name="check")
-    with pytest.raises(TaskError, match=r"stage 'check' \(id 1\), compute task on partition 3"):
-        canary.run_local(p, workers=2)
+    with p.loop(3):
+        p.compute(lambda v: v + 0.0, [x], [x], name="pass")
+        p.compute(bad, [x], [x], name="check")
+    with pytest.raises(TaskError, match=r"stage 'check' \(id 2, iteration \(0,\)\), compute task "
+                                        r"on partition 3"):
+        canary.run_local(p, workers=2, max_fused=max_fused)
 
 
 def test_wrong_result_shape_is_reported_not_silently_used() -> None:
@@ -106,8 +110,9 @@ def _double_in_place(v: np.ndarray) -> np.ndarray:
     return v
 
 
+@pytest.mark.parametrize("max_fused", [0, 1024], ids=["tasks", "fused"])
 @pytest.mark.parametrize("copy_kernel", [lambda x: x, lambda x: x[1:]], ids=["same", "view"])
-def test_output_aliasing_another_dataset_is_copied(copy_kernel: object) -> None:
+def test_output_aliasing_another_dataset_is_copied(copy_kernel: object, max_fused: int) -> None:
     """b = a (or a view of a), then a is doubled in place: b must keep the old values."""
     p = Program("alias")
     a, b = p.dataset("a", 1), p.dataset("b", 1)
@@ -116,7 +121,7 @@ def test_output_aliasing_another_dataset_is_copied(copy_kernel: object) -> None:
     p.compute(_double_in_place, [a], [a], name="double")
     p.report(a)
     p.report(b)
-    r = canary.run_local(p, workers=1)
+    r = canary.run_local(p, workers=1, max_fused=max_fused)
     assert r.value("a").tolist() == [2.0, 2.0]
     assert set(r.value("b").tolist()) == {1.0}
 

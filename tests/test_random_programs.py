@@ -3,8 +3,9 @@
 Programs mix nested fixed loops, while loops, if/else, compute stages, random-target
 scatter-gathers, broadcasts and reduces. Values are small integers in float64 (kept below 2^53
 by a modulus), so every result is exact and any ordering bug shows up as a mismatch. The
-reference is the same program on one worker with a run-ahead window of 1 (each stage instance
-finishes before the next starts).
+reference is the same program on one worker with a run-ahead window of 1 and no fusion (each
+stage instance finishes before the next starts); the runs vary workers, window, interleaving and
+how many tasks a fused compute stretch may stand for.
 """
 
 from __future__ import annotations
@@ -112,10 +113,12 @@ def outcome(r: canary.JobResult) -> dict[str, list[list[float]]]:
 
 @pytest.mark.parametrize("prog_seed", range(20))
 def test_random_program_matches_sequential_execution(prog_seed: int) -> None:
-    reference = outcome(canary.run_local(random_program(prog_seed), workers=1, window=1))
+    reference = outcome(canary.run_local(random_program(prog_seed), workers=1, window=1,
+                                         max_fused=0))
     rng = random.Random(1000 + prog_seed)
     for run in range(6):
         workers, window = rng.randint(1, 4), rng.choice([1, 2, 4, 64])
+        fused = rng.choice([0, 2, 5, 1024])
         got = canary.run_local(random_program(prog_seed), workers=workers, seed=run,
-                               window=window, validate=True)
-        assert outcome(got) == reference, (prog_seed, workers, window, run)
+                               window=window, validate=True, max_fused=fused)
+        assert outcome(got) == reference, (prog_seed, workers, window, fused, run)

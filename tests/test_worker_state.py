@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from canary.execute import run_task
 from canary.messages import Done, Hello, Piece, Placement, ReportPart, Send, Signal, TaskDone
 from canary.partition_map import PartitionMap
 from canary.program import Program
-from worker.state import K_GATHER, K_LOAD, K_SCATTER, RunTask, WorkerState
+from worker.state import K_COMPUTE, K_FUSED, K_GATHER, K_LOAD, K_SCATTER, RunTask, WorkerState
 
 
 def reduce_program() -> tuple[Program, int]:
@@ -132,11 +133,80 @@ def test_run_ahead_window_bounds_live_instances() -> None:
     p.load([a], lambda i, n: np.zeros(1))
     with p.loop(50):
         p.compute(lambda v: v + 1, [a], [a])
-    st = WorkerState(p.finalize(), 0, 1, window=4)
+    st = WorkerState(p.finalize(), 0, 1, window=4, max_fused=0)
     st.start()
     st.handle(Placement(1, PartitionMap.initial([1], 1)))
     assert len(st.live) == 4 and st.seq == 4
     st.validate_state()
+
+
+def compute_loop(parts: int, iters: int) -> Program:
+    p = Program("loop")
+    a, b = p.dataset("a", parts), p.dataset("b", parts)
+    p.load([a, b], lambda i, n: (np.zeros(1), np.ones(1)))
+    with p.loop(iters):
+        p.compute(lambda x, y: x + y, [a, b], [a], name="add")
+        p.compute(lambda y: y * 2, [b], [b], name="dbl")
+    p.report(a)
+    return p.finalize()
+
+
+def test_compute_only_loop_runs_as_one_fused_stretch() -> None:
+    p = compute_loop(parts=3, iters=10)
+    st = WorkerState(p, 0, 1, max_fused=1000)
+    st.start()
+    load = only_task(st.handle(Placement(1, PartitionMap.initial([3], 1)))[:1])
+    # One fused task stands for all 20 instances on the 3 partitions, queued behind the loads.
+    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    assert len(fused) == 1 and fused[0].waiting > 0
+    stretch = fused[0].stretch
+    assert [(s.name, seq, it) for s, seq, it in stretch.instances[:3]] == [
+        ("add", 1, (0,)), ("dbl", 2, (0,)), ("add", 3, (1,))]
+    assert stretch.idxs == [0, 1, 2] and stretch.tasks == 60
+    assert st.seq == 22 and st.live == {0: 3, 20: 1, 21: 3}  # loads, the stretch, the report
+    st.validate_state()
+    out = []
+    for i, t in enumerate([load] + [t for t in st.tasks.values() if t.kind == K_LOAD and t is not load]):
+        out += st.handle(TaskDone(i, t, (np.zeros(1), np.ones(1))))
+    task = only_task([i for i in out if isinstance(i, RunTask)])
+    assert task is fused[0]
+    ev = run_task(st, task)
+    assert isinstance(ev, TaskDone)
+    st.handle(ev)
+    # a = sum of b's doublings 1 + 2 + ... + 2^9; b = 2^10; the report's reads are now granted
+    assert [float(st.parts[(0, i)].value[0]) for i in range(3)] == [1023.0] * 3
+    assert [float(st.parts[(1, i)].value[0]) for i in range(3)] == [1024.0] * 3
+    assert st.tasks_run == 3 + 60 and st.stretches_run == 1
+    assert all(st.parts[(d, i)].last_seq == 20 for d in (0, 1) for i in range(3))
+    st.validate_state()
+
+
+def test_fused_stretches_respect_max_fused_and_wait_for_each_other() -> None:
+    p = compute_loop(parts=2, iters=10)
+    st = WorkerState(p, 0, 1, max_fused=8)
+    st.start()
+    st.handle(Placement(1, PartitionMap.initial([2], 1)))
+    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    # 8 tasks = 4 instances on 2 partitions; the next instance waits for that stretch instead
+    # of being emitted as ordinary tasks.
+    assert len(fused) == 1 and fused[0].stretch.tasks == 8
+    assert st.seq == 5 and all(t.kind in (K_LOAD, K_FUSED) for t in st.tasks.values())
+
+
+def test_no_fusion_below_two_tasks_or_across_communication() -> None:
+    p = Program("mixed")
+    a, s = p.dataset("a", 2), p.dataset("s", 1)
+    p.load([a], lambda i, n: np.ones(1))
+    p.compute(lambda x: x + 1, [a], [a], name="inc")
+    p.reduce(a, s)
+    p.compute(lambda x: x * 2, [s], [s], name="one_task")
+    p.report(s)
+    st = WorkerState(p.finalize(), 0, 1)
+    st.start()
+    st.handle(Placement(1, PartitionMap.initial([2, 1], 1)))
+    kinds = {(t.stage.name, t.kind) for t in st.tasks.values()}
+    assert ("inc", K_FUSED) in kinds  # 1 instance x 2 partitions
+    assert ("one_task", K_COMPUTE) in kinds  # a lone task is not fused
 
 
 def test_writes_wait_for_earlier_reads_and_reads_share() -> None:
@@ -146,7 +216,7 @@ def test_writes_wait_for_earlier_reads_and_reads_share() -> None:
     p.compute(lambda x: x, [a], [b], name="read1")
     p.compute(lambda x: x, [a], [c], name="read2")
     p.compute(lambda x: x + 1, [a], [a], name="write")
-    st = WorkerState(p.finalize(), 0, 1)
+    st = WorkerState(p.finalize(), 0, 1, max_fused=0)  # ordinary tasks (fusion would merge them)
     st.start()
     load = only_task(st.handle(Placement(1, PartitionMap.initial([1], 1))))
     out = st.handle(TaskDone(1, load, (np.zeros(1),) * 3))

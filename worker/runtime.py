@@ -14,10 +14,13 @@ from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
 from canary.mpi_transport import Backoff, MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
-from worker.state import RunTask, Task, WorkerState
+from worker.state import K_FUSED, RunTask, Task, WorkerState
 
 POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
 MAX_BATCH = 64
+# A fused stretch runs with no MPI polling: size it to last about this long.
+FUSE_TARGET = 1e-3
+MAX_FUSED = 1 << 16
 
 
 def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
@@ -85,10 +88,14 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
             n = 0
             while n < batch and runq:
                 n += 1
-                if tracer is None:
-                    ev = run_task(state, popleft())
+                task = popleft()
+                if task.kind is K_FUSED:
+                    t_start = perf_counter()
+                    ev = run_task(state, task, None if tracer is None else tracer.fused_task)
+                    tune_fusion(state, task, perf_counter() - t_start)
+                elif tracer is None:
+                    ev = run_task(state, task)
                 else:
-                    task = popleft()
                     t_start = clock()
                     ev = run_task(state, task)
                     tracer.task(task, t_start, clock(), type(ev) is TaskDone)
@@ -111,6 +118,15 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
             stats["cpu_done"] = time.process_time()
         tx.progress()
         backoff.sleep()
+
+
+def tune_fusion(state: WorkerState, task: Task, seconds: float) -> None:
+    """Size the next fused stretches so that one lasts about ``FUSE_TARGET`` seconds, from how
+    long ``task`` (a fused task) took: long enough to amortise its bookkeeping over many
+    tasks, short enough that messages (polled between tasks) wait little."""
+    assert task.stretch is not None
+    per_task = max(seconds / task.stretch.tasks, 1e-8)
+    state.max_fused = int(min(max(FUSE_TARGET / per_task, 2), MAX_FUSED))
 
 
 def _wait_for_abort(tx: MpiTransport, message: str, timeout: float = 10.0) -> None:

@@ -63,6 +63,7 @@ K_SCATTER = "scatter"
 K_GATHER = "gather"
 K_SIGNAL = "signal"
 K_REPORT = "report"
+K_FUSED = "fused"  # a stretch of compute stage instances run back to back (see Stretch)
 
 _KIND_OF = {LOAD: K_LOAD, COMPUTE: K_COMPUTE, REPORT: K_REPORT, SIGNAL: K_SIGNAL}
 
@@ -71,7 +72,7 @@ class Task:
     """One task: a stage instance (``seq``) applied to partition ``part``."""
 
     __slots__ = ("tid", "seq", "stage", "kind", "part", "iteration", "waiting", "pieces", "accesses",
-                 "reads", "writes")
+                 "reads", "writes", "stretch")
 
     def __init__(self, tid: int, seq: int, stage: Stage, kind: str, part: int,
                  iteration: tuple[int, ...], accesses: tuple[tuple[Partition, int], ...] = (),
@@ -88,12 +89,42 @@ class Task:
         self.accesses = accesses  # (partition, READ/WRITE) in grant order
         self.reads = reads  # the partitions whose values are the task's arguments
         self.writes = writes  # the partitions its outputs replace (compute, load)
+        self.stretch: Stretch | None = None  # K_FUSED only
 
     def label(self) -> str:
+        if self.stretch is not None:
+            return self.stretch.describe()
         return f"{self.stage.label(self.iteration)}, {self.kind} task on partition {self.part}"
 
     def __repr__(self) -> str:
         return f"Task({self.tid}, seq={self.seq}, {self.stage.name}/{self.kind}[{self.part}])"
+
+
+class Stretch:
+    """What a fused task runs: compute stage ``instances`` ``(stage, seq, iteration)`` in program
+    order, on every local partition index in ``idxs`` of one co-location group.
+
+    ``parts[k]`` maps a dataset id to this worker's :class:`Partition` of index ``idxs[k]``, for
+    every dataset the instances touch. Compute stages read and write only same-index partitions,
+    so running all instances on one index, then the next index, gives the same result as program
+    order; the fused task holds a write access on every partition, so nothing else touches them
+    meanwhile. ``tasks`` is the number of ordinary tasks this stands for.
+    """
+
+    __slots__ = ("instances", "idxs", "parts", "tasks", "written")
+
+    def __init__(self, instances: list[tuple[Stage, int, tuple[int, ...]]], idxs: list[int],
+                 parts: list[dict[int, Partition]]) -> None:
+        self.instances = instances
+        self.idxs = idxs
+        self.parts = parts
+        self.tasks = len(instances) * len(idxs)
+        self.written = sorted({d.id for st, _, _ in instances for d in st.writes})
+
+    def describe(self) -> str:
+        first, last = self.instances[0], self.instances[-1]
+        return (f"fused stretch of {len(self.instances)} compute stage instance(s) "
+                f"(seq {first[1]}..{last[1]}) on partitions {self.idxs}")
 
 
 class RunTask:
@@ -135,12 +166,18 @@ class WorkerState:
     ends and every local task is done, exactly one :class:`Done` is sent to the controller.
     """
 
-    def __init__(self, program: Program, worker: int, n_workers: int, window: int = 64) -> None:
+    def __init__(self, program: Program, worker: int, n_workers: int, window: int = 64,
+                 max_fused: int = 1024) -> None:
         self.program = program.finalize()
         self.worker = worker
         self.rank = worker_rank(worker)
         self.n_workers = n_workers
         self.window = window
+        # Most tasks one fused stretch may stand for; below 2 fusion is off. The runtime tunes
+        # it (a stretch is one kernel call sequence with no MPI polling in between).
+        self.max_fused = max_fused
+        self.fused_live = 0
+        self.stretches_run = 0
         self.map: PartitionMap | None = None
         self.parts: dict[tuple[int, int], Partition] = {}
         self.local: list[list[int]] = []  # group -> local partition indices
@@ -170,6 +207,9 @@ class WorkerState:
         # of the hot path, built on first use; cleared whenever the local partitions change.
         self._plans: dict[tuple[int, str], dict[int, tuple[Any, ...]]] = {}
         self._tasks_per_instance = [program.tasks_per_instance(st) for st in program.stages]
+        # stage id -> its co-location group if it is a compute stage (may join a stretch), else -1
+        self._fusable = [self._group[(st.reads or st.writes)[0].id] if st.kind == COMPUTE else -1
+                         for st in program.stages]
         self._handlers: dict[type, Callable[[Any, list[Any]], None]] = {
             Placement: self._on_placement,
             TaskDone: self._on_task_done,
@@ -287,6 +327,12 @@ class WorkerState:
         if kind == K_COMPUTE or kind == K_LOAD:
             for p, v in zip(task.writes, res):
                 p.value = v
+        elif kind == K_FUSED:
+            for p, v in res:
+                p.value = v
+            self.fused_live -= 1
+            self.stretches_run += 1
+            self.tasks_run += task.stretch.tasks - 1  # type: ignore[union-attr]
         elif kind == K_SCATTER:
             self._scatter(task, res, out)
         elif kind == K_GATHER:
@@ -332,7 +378,14 @@ class WorkerState:
             if code == OP_STAGE:
                 if len(self.live) >= self.window:
                     break
-                self._emit(stages[op[1]], out)
+                st = stages[op[1]]
+                if st.kind == COMPUTE and self.max_fused > 1:
+                    fused = self._fuse(out)
+                    if fused:
+                        continue
+                    if fused is None:  # the next stretch waits for the running one
+                        break
+                self._emit(st, out)
                 self.pc += 1
             elif code == OP_NEXT:
                 counters[-1] += 1
@@ -437,6 +490,111 @@ class WorkerState:
             n = len(plan)
         if n:
             self.live[seq] = self.live.get(seq, 0) + n
+
+    def _fuse(self, out: list[Any]) -> bool | None:
+        """Emit the compute-only stretch starting at ``pc`` as one fused task.
+
+        A stretch is the run of compute stage instances of one co-location group that the
+        program reaches from ``pc`` through static loop control only (no signal, no
+        communication, no other group), up to ``max_fused`` tasks. Its task takes a write
+        access on every local partition the instances touch, queued in program order like any
+        task's, so it runs once everything emitted before it has released them. Returns True if
+        emitted (``pc``, the loop counters and ``seq`` then stand after the stretch, exactly as
+        if each instance had been emitted alone), False if the stage should be emitted as
+        ordinary tasks (the stretch would stand for fewer than 2), and None while another
+        stretch runs and the stage's partitions are busy: the interpreter then waits rather
+        than falling back to ordinary tasks (which would keep a compute loop out of fused mode
+        for good). Waiting cannot deadlock: everything emitted so far, on every worker, can
+        finish without anything emitted later.
+        """
+        st0 = self.program.stages[self.program.ops[self.pc][1]]
+        g = self._group[(st0.reads or st0.writes)[0].id]
+        idxs = self.local[g]
+        if not idxs:
+            return False
+        if self.fused_live and not self._quiet(st0, idxs):
+            if len(idxs) > 1 or len(self._stretch(g, 2)[0]) > 1:
+                return None
+            return False  # a lone task: nothing to wait for
+        instances, datasets, pc, counters = self._stretch(g, max(1, self.max_fused // len(idxs)))
+        if len(instances) * len(idxs) < 2:
+            return False
+        seq0 = self.seq
+        fused: list[tuple[Stage, int, tuple[int, ...]]] = []
+        for k, (st, it) in enumerate(instances):
+            fused.append((st, seq0 + k, it))
+            self.program_tasks += self._tasks_per_instance[st.id]
+        self.seq = seq0 + len(instances)
+        self.pc = pc
+        self.counters[:] = counters
+        parts = [{d: self.parts[(d, i)] for d in sorted(datasets)} for i in idxs]
+        last_seq = fused[-1][1]
+        acc = tuple((p, WRITE) for row in parts for p in row.values())
+        t = Task(self._tid, last_seq, st0, K_FUSED, idxs[0], instances[0][1], acc)
+        t.stretch = Stretch(fused, idxs, parts)
+        self._tid += 1
+        self.tasks[t.tid] = t
+        for p, _ in acc:
+            p.queue.append((t, WRITE))
+        self._pump_task(t, out)
+        self.live[last_seq] = 1
+        self.fused_live += 1
+        return True
+
+    def _stretch(self, g: int, limit: int) -> tuple[list[tuple[Stage, tuple[int, ...]]], set[int],
+                                                    int, list[int]]:
+        """Look ahead from ``pc`` (changing nothing): the compute instances of group ``g`` the
+        program reaches through static loop control only, at most ``limit`` of them; with the
+        datasets they touch, and the ``pc`` and loop counters after them."""
+        ops = self.program.ops
+        stages = self.program.stages
+        fusable = self._fusable
+        pc = self.pc
+        counters = list(self.counters)
+        instances: list[tuple[Stage, tuple[int, ...]]] = []
+        datasets: set[int] = set()
+        seen: set[int] = set()
+        steps = 0
+        while len(instances) < limit and steps < 4 * limit + 16:
+            steps += 1
+            op = ops[pc]
+            code = op[0]
+            if code == OP_STAGE:
+                st = stages[op[1]]
+                if fusable[st.id] != g:
+                    break
+                instances.append((st, tuple(counters)))
+                if st.id not in seen:
+                    seen.add(st.id)
+                    datasets.update([d.id for d in st.reads + st.writes])
+                pc += 1
+            elif code == OP_NEXT:
+                counters[-1] += 1
+                pc = op[1]
+            elif code == OP_FOR:
+                if counters[-1] >= op[1]:
+                    counters.pop()
+                    pc = op[2]
+                else:
+                    pc += 1
+            elif code == OP_PUSH:
+                counters.append(0)
+                pc += 1
+            elif code == OP_JUMP:
+                pc = op[1]
+            else:
+                break
+        return instances, datasets, pc, counters
+
+    def _quiet(self, st: Stage, idxs: list[int]) -> bool:
+        """Whether no access to a local partition ``st`` touches is granted or queued."""
+        parts = self.parts
+        for d in st.reads + st.writes:
+            for i in idxs:
+                p = parts[(d.id, i)]
+                if p.queue or p.writer or p.readers:
+                    return False
+        return True
 
     def _plan(self, st: Stage, kind: str) -> dict[int, tuple[Any, ...]]:
         """Per local partition ``i`` of ``st``'s ``kind`` side: (accesses, reads, writes) as

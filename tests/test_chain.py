@@ -1,0 +1,107 @@
+"""Fused compute stretches run as one numba-compiled loop: same answers as task by task."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+import canary
+import canary.execute
+from canary import Program, TaskError
+from canary.chain import ChainCache, split_period
+
+
+@numba.njit(cache=True)
+def _inc(v: np.ndarray) -> np.ndarray:
+    v[0] += 1.0
+    return v
+
+
+@numba.njit(cache=True)
+def _scale(v: np.ndarray) -> np.ndarray:
+    v[1] = v[1] * 1.5 + v[0]
+    return v
+
+
+@numba.njit(cache=True)
+def _fail_at_5(v: np.ndarray) -> np.ndarray:
+    if v[0] == 5.0:
+        raise ValueError("reached five")
+    return v
+
+
+@numba.njit(cache=True)
+def _to_int(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.int64)
+
+
+def test_split_period_finds_the_shortest_body() -> None:
+    a, b, c = object(), object(), object()
+    assert split_period([a, b, a, b, a]) == ((a, b), 2, 1)
+    assert split_period([a, a, a]) == ((a,), 3, 0)
+    assert split_period([a, b, c]) == ((a, b, c), 1, 0)
+    assert split_period([a, b, a, c]) == ((a, b, a, c), 1, 0)
+
+
+def loop_program(body: list, iters: int, parts: int = 3) -> Program:
+    p = Program("chain")
+    x = p.dataset("x", parts)
+    p.load([x], lambda i, n: np.array([float(i), 1.0]))
+    with p.loop(iters):
+        for k, fn in enumerate(body):
+            p.compute(fn, [x], [x], name=f"s{k}")
+    p.report(x)
+    return p
+
+
+@pytest.fixture
+def chains(monkeypatch: pytest.MonkeyPatch) -> ChainCache:
+    cache = ChainCache(compile_after=0)
+    monkeypatch.setattr(canary.execute, "CHAINS", cache)
+    return cache
+
+
+def values(r: canary.JobResult) -> list[list[float]]:
+    return [v.tolist() for v in r.results["x"]]
+
+
+@pytest.mark.parametrize("max_fused", [3, 7, 1024])
+def test_compiled_loop_gives_the_task_by_task_answer(chains: ChainCache, max_fused: int) -> None:
+    want = values(canary.run_local(loop_program([_inc, _scale], 9), workers=1, max_fused=0))
+    got = values(canary.run_local(loop_program([_inc, _scale], 9), workers=2,
+                                  max_fused=max_fused))
+    assert got == want
+    # short stretches may start mid-body or hold one stage: each distinct body compiles once
+    assert chains.compiled == 1 if max_fused == 1024 else chains.compiled >= 1
+    assert want[2] != [2.0, 1.0]  # the loop really ran
+
+
+def test_compiling_waits_for_enough_tasks() -> None:
+    cache = ChainCache(compile_after=100)
+    fns = [_inc] * 10
+    assert cache.runner(fns, 60) is None and cache.runner(fns, 60) is None
+    got = cache.runner(fns, 60)  # 120 tasks seen in Python: now worth compiling
+    assert got is not None and got[1:] == (10, 0) and cache.compiled == 1
+
+
+def test_python_kernels_are_never_compiled(chains: ChainCache) -> None:
+    want = values(canary.run_local(loop_program([lambda v: v + 1.0], 5), max_fused=0))
+    assert values(canary.run_local(loop_program([lambda v: v + 1.0], 5))) == want
+    assert chains.compiled == 0
+
+
+def test_a_body_numba_cannot_compile_falls_back_to_python(chains: ChainCache) -> None:
+    """The dtype changes from stage to stage, so the compiled loop's ``v`` has no single type."""
+    want = values(canary.run_local(loop_program([_to_int, _inc], 3), max_fused=0))
+    assert values(canary.run_local(loop_program([_to_int, _inc], 3))) == want
+    assert chains.compiled == 0
+
+
+def test_failure_inside_a_compiled_loop_names_instance_and_partition(chains: ChainCache) -> None:
+    # Partition i starts at x[0] = i and _inc adds 1 per iteration. A stretch runs partition by
+    # partition, so partition 0 goes first and fails in iteration 4 (after 5 increments).
+    with pytest.raises(TaskError, match=r"(?s)stage 's1' \(id 2, iteration \(4,\)\), compute task on "
+                                        r"partition 0 .*reached five"):
+        canary.run_local(loop_program([_inc, _fail_at_5], 9), workers=1)
+    assert chains.compiled == 1
