@@ -436,7 +436,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-iter", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=None,
                     help="edge partitions, a perfect square g*g (default: the smallest square "
-                         ">= 4 per worker); vertices get g partitions")
+                         ">= 2 per worker that splits evenly over the workers: 4, 4, 9, 16 for "
+                         "1-4 workers); vertices get g partitions")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk-edges", type=int, default=None,
                     help="set-up reads each partition's edges in chunks of about this many "
@@ -474,6 +475,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def default_grid(workers: int) -> int:
+    """Grid side g (P = g*g edge partitions, g vertex partitions) for ``workers`` workers.
+
+    The smallest g with at least 2 cells per worker whose g*g cells split evenly over the
+    workers (2 workers: 2 x 2; 3: 3 x 3; 4: 4 x 4); if none does below the old rule's side
+    (at least 4 cells per worker), that. Fewer, evenly spread partitions mean fewer tasks
+    and exchanges per iteration and no worker with a cell more than another (the 3 x 3 grid
+    on 2 workers gave one 5 cells and 2 vertex partitions, the other 4 and 1).
+    """
+    w = max(workers, 1)
+    most = math.ceil(math.sqrt(4 * w))
+    for g in range(max(2, math.ceil(math.sqrt(2 * w))), most):
+        if g * g % w == 0:
+            return g
+    return most
+
+
 def auto_chunk_edges(m: int, partitions: int) -> int:
     """About 1/16 of a read partition, a power of two in [4096, 65536] (65536 = R-MAT's block):
     the chunks in flight on a worker stay a small fraction of its CSR."""
@@ -489,10 +507,7 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     else:
         m = args.n_edges
         is_npy = False
-    if args.partitions:
-        g = math.isqrt(args.partitions)
-    else:
-        g = max(1, math.ceil(math.sqrt(4 * max(n_workers, 1))))
+    g = math.isqrt(args.partitions) if args.partitions else default_grid(n_workers)
     P = g * g
     # Set-up streams the edges in chunks of about --chunk-edges per read partition, twice
     # (pass 1: each cell's ids and row lengths; pass 2: fill the CSR), so no worker ever holds
