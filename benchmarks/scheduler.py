@@ -201,7 +201,8 @@ def mpi_child(args: argparse.Namespace) -> int:
     # JIT warm-up, as for the kernel: one untimed job long enough for the engine to compile the
     # stretch loop (canary.chain compiles a body after CANARY_COMPILE_AFTER tasks in Python).
     warm = comm.Dup()
-    prog = build_program(workers, args.ppc, 0, CHAINS.compile_after // (args.ppc * workers) + 2)
+    # Each worker holds ppc partitions; run twice the threshold so the compile lands in here.
+    prog = build_program(workers, args.ppc, 0, 2 * CHAINS.compile_after // args.ppc + 2)
     if rank == 0:
         run_controller(prog, warm)
     else:
