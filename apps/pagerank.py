@@ -619,23 +619,25 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     p.broadcast(stats, local_stats, name="broadcast_n")
     p.compute(rank_init_kernel, [inv, local_stats], [x, contrib, gsums])
 
-    # --- power iteration. The contributions go to the mirrors at the end of an iteration, and
-    # every vertex partition gets the global sums (dangling mass) by an all-reduce, so these
-    # exchanges overlap the reduce + signal that decides whether another iteration runs.
-    def to_mirrors() -> None:
+    # --- power iteration, software-pipelined across the loop test: an iteration's edge pass
+    # (mirrors, edge kernels, partial sums to the owners) is issued right after its vertex
+    # kernel, for the next iteration, so it overlaps the reduce and the signal that decide
+    # whether there is a next iteration (if not, one edge pass is computed for nothing). The
+    # vertex partitions get the global sums (dangling mass) by an all-reduce.
+    def edge_pass() -> None:
         p.scatter_gather([contrib, route_src], mirror, mirror_scatter, "replace",
                          targets=lambda b: [b * g + c for c in range(g)], name="send_to_mirrors")
-
-    to_mirrors()
-    with p.while_(not_converged, on=stats, max_iter=args.max_iter):
         p.compute(edge_kernel, [indptr, indices, dst_ids, mirror], [partial])
         p.scatter_gather(partial, incoming, None, "concat", targets=lambda q: [q % g],
                          one_piece=True, name="send_to_owners")
+
+    edge_pass()
+    with p.while_(not_converged, on=stats, max_iter=args.max_iter):
         p.compute(vertex_kernel, [incoming, route_dst, x, contrib, inv, local_stats, gsums],
                   [x, contrib, vstat])
-        to_mirrors()
-        p.scatter_gather(vstat, gsums, None, "sum", one_piece=True, name="allreduce_sums")
         p.reduce(vstat, vsum)
+        p.scatter_gather(vstat, gsums, None, "sum", one_piece=True, name="allreduce_sums")
+        edge_pass()
         p.compute(step_kernel, [vsum, stats], [stats])
         p.report(stats, callback=args.on_progress)
     p.report(stats, name="final_stats")
