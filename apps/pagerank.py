@@ -26,12 +26,13 @@ Set-up (once):
 
 Per iteration (docs/apps/pagerank.md draws it):
 
-    stats (1) --broadcast--> local_stats (g)
-    contribution (g) --scatter through the source routing table--> mirrors (P)   [replace]
-    CSR + mirrors --edge kernel--> partial sums over the cell's destinations (P)
-    partial (P) --to the column owner, concat--> incoming (g)
-    incoming + routing + ranks + local_stats --vertex kernel--> ranks, contribution, vertex_stats
+    incoming + routing + ranks + sums --vertex kernel--> ranks, contribution, vertex_stats
     vertex_stats (g) --reduce sum--> (1) --step kernel--> stats  (L1 change, dangling mass)
+    vertex_stats (g) --all-reduce sum--> global sums (g)          (dangling mass)
+    edge pass for the next iteration (pipelined across the loop test):
+      contribution (g) --scatter through the source routing table--> mirrors (P) [replace]
+      CSR + mirrors --edge kernel--> partial sums over the cell's destinations (P)
+      partial (P) --to the column owner, concat--> incoming (g)
     while stats.l1 >= tol (signal), at most --max-iter times
 
 Run: ``canary run -n 2 apps/pagerank.py`` (default: generated R-MAT graph 100000,1000000).
