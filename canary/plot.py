@@ -52,7 +52,7 @@ def plot_scheduler(rows: list[dict[str, Any]], out: str) -> str:
     series: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("mode") == "inproc":
-            series.setdefault("in-process, 1 worker", []).append(r)
+            series.setdefault(f"in-process, {r.get('variant', 'tasks')}", []).append(r)
         elif r.get("mode") == "mpi":
             series.setdefault(f"MPI, {r['workers']} worker(s)", []).append(r)
     for label, rs in series.items():
