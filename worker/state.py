@@ -387,18 +387,8 @@ class WorkerState:
                         break
                 self._emit(st, out)
                 self.pc += 1
-            elif code == OP_NEXT:
-                counters[-1] += 1
-                self.pc = op[1]
-            elif code == OP_FOR:
-                if counters[-1] >= op[1]:
-                    counters.pop()
-                    self.pc = op[2]
-                else:
-                    self.pc += 1
-            elif code == OP_PUSH:
-                counters.append(0)
-                self.pc += 1
+            elif code in _LOOP_CONTROL:
+                self.pc = loop_control(op, self.pc, counters)
             elif code == OP_WHILE:
                 if self.await_seq is None and 0 <= op[2] <= counters[-1]:
                     counters.pop()
@@ -417,8 +407,6 @@ class WorkerState:
                 if value is None:
                     break
                 self.pc = self.pc + 1 if value else op[2]
-            elif code == OP_JUMP:
-                self.pc = op[1]
             elif code == OP_END:
                 self.ended = True
                 if not self.live and not self.done_sent:
@@ -568,20 +556,8 @@ class WorkerState:
                     seen.add(st.id)
                     datasets.update([d.id for d in st.reads + st.writes])
                 pc += 1
-            elif code == OP_NEXT:
-                counters[-1] += 1
-                pc = op[1]
-            elif code == OP_FOR:
-                if counters[-1] >= op[1]:
-                    counters.pop()
-                    pc = op[2]
-                else:
-                    pc += 1
-            elif code == OP_PUSH:
-                counters.append(0)
-                pc += 1
-            elif code == OP_JUMP:
-                pc = op[1]
+            elif code in _LOOP_CONTROL:
+                pc = loop_control(op, pc, counters)
             else:
                 break
         return instances, datasets, pc, counters
@@ -722,6 +698,30 @@ class WorkerState:
 
     def _send_out(self, dest: int, msg: Any, out: list[Any]) -> None:
         out.append(self._send(dest, msg))
+
+
+_LOOP_CONTROL = frozenset((OP_NEXT, OP_FOR, OP_PUSH, OP_JUMP))
+
+
+def loop_control(op: tuple[Any, ...], pc: int, counters: list[int]) -> int:
+    """Apply a static loop-control op (next, for, push, jump) at ``pc`` to the loop
+    ``counters`` (in place); return the next pc. The interpreter and the stretch look-ahead
+    share it, so a fused stretch ends exactly where lone instances would have."""
+    code = op[0]
+    if code == OP_NEXT:
+        counters[-1] += 1
+        return int(op[1])
+    if code == OP_FOR:
+        if counters[-1] >= op[1]:
+            counters.pop()
+            return int(op[2])
+        return pc + 1
+    if code == OP_PUSH:
+        counters.append(0)
+        return pc + 1
+    if code == OP_JUMP:
+        return int(op[1])
+    raise AssertionError(op)
 
 
 def _identity(x: Any) -> Any:
