@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import Any
@@ -36,7 +37,9 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
     With a :class:`canary.trace.Tracer`, every task and message is recorded (the only cost
     when it is None is one test per task).
     """
-    state = WorkerState(program, comm.Get_rank() - 1, comm.Get_size() - 1, window)
+    # CANARY_MAX_FUSED=0 turns fused compute stretches off (every task scheduled alone).
+    state = WorkerState(program, comm.Get_rank() - 1, comm.Get_size() - 1, window,
+                        int(os.environ.get("CANARY_MAX_FUSED", "1024")))
     tx = MpiTransport(comm)
     runq: deque[Task] = deque()
     backoff = Backoff(max_sleep=max_sleep, spins=200)
