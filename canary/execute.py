@@ -98,12 +98,13 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch,
     if on_task is not None:
         inplace = None  # the general path below times every task
     runner = CHAINS.runner(fns, stretch.tasks) if inplace is not None else None
-    progress = np.zeros(1, np.int64)
+    progress = np.zeros(1, np.int64) if runner is not None else None
     for i, row in zip(stretch.idxs, stretch.parts):
         n = 0
         try:
             if runner is not None:  # compiled: the kernels call each other from machine code
                 assert inplace is not None
+                assert progress is not None
                 loop, reps, tail = runner
                 progress[0] = 0
                 try:

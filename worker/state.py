@@ -496,7 +496,7 @@ class WorkerState:
         finish without anything emitted later.
         """
         st0 = self.program.stages[self.program.ops[self.pc][1]]
-        g = self._group[(st0.reads or st0.writes)[0].id]
+        g = self._fusable[st0.id]
         idxs = self.local[g]
         if not idxs:
             return False
