@@ -53,7 +53,9 @@ class ChainCache:
 
     ``runner(fns, tasks)`` returns ``(loop, reps, tail)`` to run the stretch compiled, or None
     to run it in Python (and counts its ``tasks`` towards compiling). ``loop(v, reps, tail,
-    progress)`` returns the partition's new value; ``progress[0]`` counts the kernel calls that
+    progress)`` returns the partition's new value, or None when that is ``v`` itself (updated in
+    place: the same buffer, shape and strides, which is what numba's boxing would hand back as
+    ``v``); not boxing a result saves ~0.5 µs a call. ``progress[0]`` counts the kernel calls that
     finished, so a failure can be pinned on its instance. If calling it raises a compile error
     (:func:`is_compile_error`; nothing has run then), call ``failed(fns)`` and run in Python.
     """
@@ -93,12 +95,14 @@ def _compile(body: tuple[Any, ...]) -> Any:
         return _FAILED
     import numba
 
-    lines = ["def loop(v, reps, tail, progress):", "    for _ in range(reps):"]
+    lines = ["def loop(v, reps, tail, progress):", "    v0 = v", "    for _ in range(reps):"]
     for k in range(len(body)):
         lines += [f"        v = f{k}(v)", "        progress[0] += 1"]
     for k in range(len(body)):
         lines += [f"    if tail > {k}:", f"        v = f{k}(v)", "        progress[0] += 1"]
-    lines.append("    return v")
+    lines += ["    if (v.ctypes.data == v0.ctypes.data and v.shape == v0.shape",
+              "            and v.strides == v0.strides):",
+              "        return None", "    return v"]
     namespace: dict[str, Any] = {f"f{k}": f for k, f in enumerate(body)}
     exec("\n".join(lines), namespace)  # noqa: S102 - source built above from fixed templates
     return numba.njit(nogil=True)(namespace["loop"])

@@ -108,7 +108,8 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch,
                 loop, reps, tail = runner
                 progress[0] = 0
                 try:
-                    v = loop(row[inplace].value, reps, tail, progress)
+                    v0 = row[inplace].value
+                    v = loop(v0, reps, tail, progress)
                 except Exception as exc:
                     if not is_compile_error(exc):
                         n = int(progress[0])
@@ -116,7 +117,9 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch,
                     CHAINS.failed(fns)  # nothing ran: redo this partition in Python
                     runner = None
                 else:
-                    if type(v) is not ndarray or v.dtype.hasobject:
+                    if v is None:  # updated in place
+                        v = v0
+                    elif type(v) is not ndarray or v.dtype.hasobject:
                         n = len(fns) - 1
                         v = _outputs(instances[n][0].writes, v)[0]
                     out.append((row[inplace], v))

@@ -32,6 +32,13 @@ def _fail_at_5(v: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True)
+def _fresh(v: np.ndarray) -> np.ndarray:
+    w = v[::-1].copy()  # a new buffer, not an in-place update
+    w[0] += 0.25
+    return w
+
+
+@numba.njit(cache=True)
 def _to_int(v: np.ndarray) -> np.ndarray:
     return v.astype(np.int64)
 
@@ -75,6 +82,18 @@ def test_compiled_loop_gives_the_task_by_task_answer(chains: ChainCache, max_fus
     # short stretches may start mid-body or hold one stage: each distinct body compiles once
     assert chains.compiled == 1 if max_fused == 1024 else chains.compiled >= 1
     assert want[2] != [2.0, 1.0]  # the loop really ran
+
+
+@pytest.mark.parametrize("body", [[_fresh], [_inc, _fresh], [_fresh, _inc, _scale]])
+def test_compiled_loop_keeps_kernels_that_return_a_new_array(chains: ChainCache,
+                                                              body: list) -> None:
+    # the loop hands back None for an in-place update and the array otherwise: a new buffer
+    # must reach the partition, not the (unchanged) input
+    want = values(canary.run_local(loop_program(body, 8), workers=1, max_fused=0))
+    got = values(canary.run_local(loop_program(body, 8), workers=1, max_fused=1024))
+    assert chains.compiled == 1
+    assert got == want
+    assert want[1] != [1.0, 1.0]
 
 
 def test_compiling_waits_for_enough_tasks() -> None:

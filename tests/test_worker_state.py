@@ -9,7 +9,20 @@ from canary.execute import run_task
 from canary.messages import Done, Hello, Piece, Placement, ReportPart, Send, Signal, TaskDone
 from canary.partition_map import PartitionMap
 from canary.program import Program
-from worker.state import K_COMPUTE, K_FUSED, K_GATHER, K_LOAD, K_SCATTER, RunTask, WorkerState
+from worker.state import (
+    FUSE_MAX,
+    FUSE_MIN_INSTANCES,
+    FUSE_TARGET,
+    K_COMPUTE,
+    K_FUSED,
+    K_GATHER,
+    K_LOAD,
+    K_SCATTER,
+    MAX_FUSED,
+    RunTask,
+    WorkerState,
+    stretch_budget,
+)
 
 
 def reduce_program() -> tuple[Program, int]:
@@ -191,6 +204,17 @@ def test_fused_stretches_respect_max_fused_and_wait_for_each_other() -> None:
     # of being emitted as ordinary tasks.
     assert len(fused) == 1 and fused[0].stretch.tasks == 8
     assert st.seq == 5 and all(t.kind in (K_LOAD, K_FUSED) for t in st.tasks.values())
+
+
+def test_stretch_budget_amortises_rows_and_bounds_message_latency() -> None:
+    # short tasks: about FUSE_TARGET seconds of them
+    assert stretch_budget(1e-6, 10) == round(FUSE_TARGET / 1e-6)
+    # 100 µs tasks on 10 rows: FUSE_TARGET would be a single stage; at least 8 stages instead
+    assert stretch_budget(1e-4, 10) == FUSE_MIN_INSTANCES * 10
+    # ... but never longer than FUSE_MAX seconds, and never fewer than 2 tasks
+    assert stretch_budget(1e-3, 10) == round(FUSE_MAX / 1e-3)
+    assert stretch_budget(1.0, 10) == 2
+    assert stretch_budget(0.0, 1) == MAX_FUSED
 
 
 def test_no_fusion_below_two_tasks_or_across_communication() -> None:

@@ -15,13 +15,10 @@ from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
 from canary.mpi_transport import Backoff, MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
-from worker.state import K_FUSED, RunTask, Task, WorkerState
+from worker.state import K_FUSED, RunTask, Task, WorkerState, stretch_budget
 
 POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
 MAX_BATCH = 64
-# A fused stretch runs with no MPI polling: size it to last about this long.
-FUSE_TARGET = 1e-3
-MAX_FUSED = 1 << 16
 
 
 def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
@@ -124,12 +121,10 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
 
 
 def tune_fusion(state: WorkerState, task: Task, seconds: float) -> None:
-    """Size the next fused stretches so that one lasts about ``FUSE_TARGET`` seconds, from how
-    long ``task`` (a fused task) took: long enough to amortise its bookkeeping over many
-    tasks, short enough that messages (polled between tasks) wait little."""
+    """Size the next fused stretches from how long ``task`` (a fused task) took
+    (:func:`worker.state.stretch_budget`)."""
     assert task.stretch is not None
-    per_task = max(seconds / task.stretch.tasks, 1e-8)
-    state.max_fused = int(min(max(FUSE_TARGET / per_task, 2), MAX_FUSED))
+    state.max_fused = stretch_budget(seconds / task.stretch.tasks, len(task.stretch.idxs))
 
 
 def _wait_for_abort(tx: MpiTransport, message: str, timeout: float = 10.0) -> None:

@@ -700,6 +700,26 @@ class WorkerState:
         out.append(self._send(dest, msg))
 
 
+# A fused stretch runs with no MPI polling: it should last about FUSE_TARGET seconds, but cover
+# at least FUSE_MIN_INSTANCES stage instances (a stretch costs a few µs per partition row
+# whatever its length, so a one-stage stretch saves nothing over lone tasks), and never run
+# longer than FUSE_MAX seconds (a message waits at most that long for the next poll).
+FUSE_TARGET = 1e-3
+FUSE_MIN_INSTANCES = 8
+FUSE_MAX = 2e-2
+MAX_FUSED = 1 << 16
+
+
+def stretch_budget(per_task_s: float, rows: int) -> int:
+    """The ``max_fused`` (tasks per stretch) for stretches over ``rows`` partitions whose tasks
+    take ``per_task_s`` seconds: about ``FUSE_TARGET`` seconds or ``FUSE_MIN_INSTANCES``
+    instances, whichever is more, but at most ``FUSE_MAX`` seconds; always in
+    ``[2, MAX_FUSED]``."""
+    per_task_s = max(per_task_s, 1e-8)
+    want = max(FUSE_TARGET / per_task_s, FUSE_MIN_INSTANCES * rows)
+    return int(min(max(min(want, FUSE_MAX / per_task_s), 2), MAX_FUSED))
+
+
 _LOOP_CONTROL = frozenset((OP_NEXT, OP_FOR, OP_PUSH, OP_JUMP))
 
 
