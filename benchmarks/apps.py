@@ -19,7 +19,19 @@ For each app and size, in one run:
   Dask threaded and Dask distributed (``W`` single-thread workers) and PySpark ``local[W]``
   with ``mapPartitions`` over numpy blocks, for logistic regression and k-means; the functional
   per-row PySpark ``map``/``reduce`` for logistic regression and the classic PySpark RDD-join
-  PageRank, at the smallest size only unless ``--full-peers``.
+  PageRank, at the smallest size only unless ``--full-peers``. These time ``max(3, K // 3)``
+  iterations from Python.
+* **Spark JVM peers** (``benchmarks/spark_jvm.py``; pyspark plus a JDK's ``javac``): Java
+  sources under ``benchmarks/jvm`` compiled against pyspark's jars, run in the same
+  ``local[W]`` SparkContext through py4j on data written once to a raw file that each
+  partition reads itself. ``spark_jvm_mappartitions``: logistic regression at every size and
+  k-means (cached ``double[]`` blocks, ``mapPartitions`` + ``reduce``); ``spark_jvm_rdd_join``
+  (the classic RDD-join PageRank) and ``spark_graphx`` (``graphx.lib.PageRank.run``) at the
+  smallest PageRank size unless ``--full-peers``. The JVM times ``K`` iterations itself
+  (``System.nanoTime``; GraphX, which runs every iteration in one call, as
+  ``(T(2 + K) - T(2)) / K``), and each answer is checked against numpy (``"correct"``).
+
+Each peer's seconds over canary's is ``speedup_vs_<peer>`` in the app's row.
 
 Every line printed is JSON; the last is the summary with the ratios.
 
@@ -55,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 import apps.kmeans as km_app  # noqa: E402
 import apps.logistic_regression as lr_app  # noqa: E402
+from benchmarks import spark_jvm  # noqa: E402
 from canary.generate import logistic_data, rmat_edges  # noqa: E402
 from canary.trace import iteration_seconds, load_events  # noqa: E402
 
@@ -387,12 +400,21 @@ def peer_dask_kmeans(path: str, k: int, threads: int, iters: int,
         return {"peer": name, "seconds": run(lambda a: client.compute(a).result())}
 
 
-def _spark(threads: int) -> Any:
+def _spark(threads: int, jar: str | None = None) -> Any:
+    """A ``local[threads]`` SparkContext with 4 GB of driver memory; the caller stops it.
+
+    ``jar`` (default: the JVM peers' jar, ``benchmarks/spark_jvm.py``, when it can be built)
+    goes on the driver class path. pyspark launches its JVM once per process, with the conf of
+    the first context, so every context carries the jar: a JVM peer run after a PySpark peer
+    still finds its classes through py4j (``sc._jsc.addJar`` would not make them visible)."""
     from pyspark import SparkConf, SparkContext
 
     conf = (SparkConf().setMaster(f"local[{threads}]").setAppName("canary-apps")
             .set("spark.ui.enabled", "false").set("spark.driver.memory", "4g")
             .set("spark.ui.showConsoleProgress", "false"))
+    jar = jar or (str(p) if (p := spark_jvm.jar_or_none()) else None)
+    if jar:
+        conf.set("spark.driver.extraClassPath", jar)
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
     return sc
@@ -468,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=None, help="iterations per run (default 12)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--full-peers", action="store_true",
-                    help="run the slow peers (PySpark functional) at every size")
+                    help="run the slow peers (PySpark functional, the PageRank peers) at "
+                         "every size")
     ap.add_argument("--trace", default=None, help="Chrome trace of the canary runs (JSON)")
     ap.add_argument("--timeout", type=int, default=900)
     args = ap.parse_args(argv)
@@ -536,20 +559,29 @@ def main(argv: list[str] | None = None) -> int:
                 if first or args.full_peers:
                     runs.append(("pyspark_functional",
                                  partial(peer_spark_lr, n, d, W, piters, True)))
+                runs.append(("spark_jvm_mappartitions",
+                             partial(spark_jvm.peer_lr, n, d, W, iters, _spark)))
             elif app == "kmeans":
                 kpath, kk = data[1], size[2]
                 runs = [("dask_threaded", partial(peer_dask_kmeans, kpath, kk, W, piters, False)),
                         ("dask_distributed", partial(peer_dask_kmeans, kpath, kk, W, piters, True)),
-                        ("pyspark_mappartitions", partial(peer_spark_kmeans, kpath, kk, W, piters))]
+                        ("pyspark_mappartitions", partial(peer_spark_kmeans, kpath, kk, W, piters)),
+                        ("spark_jvm_mappartitions",
+                         partial(spark_jvm.peer_kmeans, kpath, kk, W, iters, _spark))]
             elif first or args.full_peers:
                 v, e = size[0], size[1]
-                runs = [("pyspark_rdd_join", partial(peer_spark_pagerank, v, e, W, piters))]
+                runs = [("pyspark_rdd_join", partial(peer_spark_pagerank, v, e, W, piters)),
+                        ("spark_jvm_rdd_join",
+                         partial(spark_jvm.peer_pagerank_join, v, e, W, iters, _spark)),
+                        ("spark_graphx", partial(spark_jvm.peer_graphx, v, e, W, iters, _spark))]
             for peer, run in ([] if args.no_peers else runs):
                 try:
                     p = run()
                 except Exception as exc:  # noqa: BLE001 - a broken peer must not sink the run
                     p = {"peer": peer, "skipped": f"failed: {exc!r}"[:300]}
                 print(json.dumps({"app": app, "size": gen, **p}), flush=True)
+                if "correct" in p:  # a peer with a wrong answer stays visible in the row
+                    row.setdefault("peers_correct", {})[p["peer"]] = p["correct"]
                 if "seconds" in p and got["seconds"]:
                     row["peers"][p["peer"]] = p["seconds"]
                     row[f"speedup_vs_{p['peer']}"] = round(p["seconds"] / got["seconds"], 2)

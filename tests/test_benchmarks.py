@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,3 +108,96 @@ def test_apps_quick_row_shape(app: str) -> None:
     assert len(row["peak_rss_mb_by_worker"]) == 2 and row["baseline_rss_mb"] > 0
     summary = rows[-1]
     assert summary["summary"] == "apps" and f"{app}@{row['size']}" in summary["canary_vs_numba"]
+
+
+def test_spark_jvm_sources_hash_and_skip_without_javac(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    import shutil
+
+    from benchmarks import spark_jvm
+
+    names = {p.name for p in spark_jvm.sources()}
+    assert {"Io.java", "LogisticRegression.java", "KMeans.java", "PageRankJoin.java",
+            "GraphXPageRank.java"} <= names
+    # The cache key: the same sources give the same key, an edit or another toolchain a new one.
+    shutil.copytree(spark_jvm.JVM_DIR, tmp_path / "jvm", ignore=shutil.ignore_patterns("build"))
+    copy = spark_jvm.sources(tmp_path / "jvm")
+    key = spark_jvm.source_hash(copy, tmp_path / "jvm", "pyspark 1")
+    assert key == spark_jvm.source_hash(spark_jvm.sources(), extra="pyspark 1")
+    assert key != spark_jvm.source_hash(copy, tmp_path / "jvm", "pyspark 2")
+    copy[0].write_text(copy[0].read_text() + "\n// edited\n")
+    assert key != spark_jvm.source_hash(copy, tmp_path / "jvm", "pyspark 1")
+    # No javac (nor java): every JVM peer says why and what to install, and starts no Spark.
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    why = spark_jvm.unavailable()
+    assert why is not None and "javac" in why
+    with pytest.raises(RuntimeError, match="javac"):
+        spark_jvm.build_jar(tmp_path / "cache")
+
+    def no_spark(threads: int, jar: str | None) -> None:
+        raise AssertionError("no SparkContext may start without javac")
+
+    for name, run in [
+        ("spark_jvm_mappartitions", lambda: spark_jvm.peer_lr(100, 3, 2, 3, no_spark)),
+        ("spark_jvm_mappartitions",
+         lambda: spark_jvm.peer_kmeans(str(tmp_path / "x.npy"), 3, 2, 3, no_spark)),
+        ("spark_jvm_rdd_join", lambda: spark_jvm.peer_pagerank_join(64, 500, 2, 3, no_spark)),
+        ("spark_graphx", lambda: spark_jvm.peer_graphx(64, 500, 2, 3, no_spark)),
+    ]:
+        assert run() == {"peer": name, "skipped": why}
+
+
+def test_spark_jvm_references_match_plain_loops() -> None:
+    """The numpy computations that decide a JVM peer's ``correct`` match the algorithms written
+    out one vertex / point at a time, and a wrong answer is told apart."""
+    from benchmarks import spark_jvm
+    from canary.generate import rmat_edges
+
+    v, iters = 64, 4
+    edges = rmat_edges(v, 400, 0)
+    # Classic RDD-join PageRank with dicts, as the PySpark and JVM peers hold their RDDs.
+    links: dict[int, list[int]] = {}
+    for s, t in edges.tolist():
+        links.setdefault(s, []).append(t)
+    ranks = {s: 1.0 / v for s in links}
+    for _ in range(iters):
+        acc: dict[int, float] = {}
+        for s, nbrs in links.items():
+            if s in ranks:
+                for t in nbrs:
+                    acc[t] = acc.get(t, 0.0) + ranks[s] / len(nbrs)
+        ranks = {t: 0.15 / v + 0.85 * x for t, x in acc.items()}
+    want = np.full(v, np.nan)
+    want[list(ranks)] = list(ranks.values())
+    got = spark_jvm.pagerank_join_reference(v, edges, iters)
+    assert spark_jvm.rel_err(got, want) < 1e-13
+    # GraphX: every vertex of an edge starts at 1.0, reset 0.15, normalised at the end.
+    verts = set(edges.ravel().tolist())
+    gx = dict.fromkeys(verts, 1.0)
+    for _ in range(iters):
+        msg = dict.fromkeys(verts, 0.0)
+        for s, t in edges.tolist():
+            msg[t] += gx[s] / len(links[s])
+        gx = {u: 0.15 + 0.85 * m for u, m in msg.items()}
+    want = np.full(v, np.nan)
+    want[list(gx)] = np.array(list(gx.values())) / sum(gx.values())
+    got = spark_jvm.pagerank_graphx_reference(v, edges, iters)
+    assert spark_jvm.rel_err(got, want) < 1e-13 and abs(np.nansum(got) - 1) < 1e-12
+    # k-means: nearest centre by squared distance, empty centres stay.
+    rng = np.random.default_rng(1)
+    X = rng.random((300, 3))
+    c = X[:4].copy()
+    for _ in range(iters):
+        lab = [int(np.argmin([((x - cc) ** 2).sum() for cc in c])) for x in X]
+        c = np.array([X[np.array(lab) == j].mean(0) if j in lab else c[j] for j in range(4)])
+    assert spark_jvm.rel_err(spark_jvm.kmeans_reference(X, 4, iters, chunk=7), c) < 1e-12
+    # Logistic regression: one step from w = 0 is -0.1 * X.T @ (0.5 - y) / n.
+    y = (rng.random(300) < 0.5).astype(float)
+    np.testing.assert_allclose(spark_jvm.lr_reference(X, y, 1), -0.1 * X.T @ (0.5 - y) / 300,
+                               rtol=1e-14)
+    # A wrong answer, a missing or extra vertex, or a wrong shape is not "correct".
+    assert spark_jvm.rel_err(c * (1 + 1e-6), c) > spark_jvm.RTOL
+    assert spark_jvm.rel_err(np.where(np.isnan(got), 0.0, got), got) == float("inf")
+    assert spark_jvm.rel_err(c[:3], c) == float("inf")
+    assert spark_jvm.inner_mean([9.0, 1.0, 3.0, 9.0]) == 2.0
+    assert spark_jvm.inner_mean([4.0, 2.0]) == 3.0
