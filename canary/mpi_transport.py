@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from canary.idle import Backoff
 from canary.messages import Piece, ReportPart
 
 TAG_CTRL = 11
@@ -83,29 +84,3 @@ class MpiTransport:
         while self._pending and time.monotonic() < end:
             self.progress()
             backoff.sleep()
-
-
-class Backoff:
-    """Idle wait that costs almost no CPU: a few quick polls, then sleeps doubling to a cap.
-
-    MPI's blocking calls poll a core at 100%; on a laptop with more ranks than cores that would
-    steal the workers' CPU, so every wait loop in canary goes through this instead.
-    """
-
-    def __init__(self, min_sleep: float = 2e-5, max_sleep: float = 1e-3, spins: int = 20) -> None:
-        self.min_sleep = min_sleep
-        self.max_sleep = max_sleep
-        self.spins = spins
-        self._idle = 0
-        self._sleep = min_sleep
-
-    def reset(self) -> None:
-        self._idle = 0
-        self._sleep = self.min_sleep
-
-    def sleep(self) -> None:
-        self._idle += 1
-        if self._idle <= self.spins:
-            return
-        time.sleep(self._sleep)
-        self._sleep = min(self._sleep * 2, self.max_sleep)

@@ -10,8 +10,9 @@ from mpi4py import MPI
 
 from canary.errors import JobAborted
 from canary.harness import JobResult
+from canary.idle import Backoff
 from canary.messages import Callback, Fail, Finish, ReportPart, Send, worker_rank
-from canary.mpi_transport import Backoff, MpiTransport
+from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
 from controller.state import ControllerState

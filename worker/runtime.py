@@ -11,14 +11,16 @@ from mpi4py import MPI
 
 from canary.errors import JobAborted, TaskError
 from canary.execute import run_task
+from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
 from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
-from canary.mpi_transport import Backoff, MpiTransport
+from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
 from worker.state import K_FUSED, RunTask, Task, WorkerState, stretch_budget
 
 POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
 MAX_BATCH = 64
+SPIN_S = 1e-3  # hot polling after work, where every worker has a core (CANARY_SPIN_US)
 
 
 def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
@@ -39,7 +41,13 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
                         int(os.environ.get("CANARY_MAX_FUSED", "1024")))
     tx = MpiTransport(comm)
     runq: deque[Task] = deque()
-    backoff = Backoff(max_sleep=max_sleep, spins=200)
+    # With a core per worker, poll hot for SPIN_S after each burst of work: the message a worker
+    # waits for (a piece, a signal) usually comes within that, and is then seen at once rather
+    # than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
+    spin_s = float(os.environ.get("CANARY_SPIN_US", SPIN_S * 1e6)) * 1e-6
+    tight_timer_slack()
+    backoff = Backoff(max_sleep=max_sleep, spins=200,
+                      spin_s=spin_s if workers_fit_cores(comm.Get_size()) else 0.0)
 
     push = runq.append
     popleft = runq.popleft
