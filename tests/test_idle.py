@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ctypes
+import json
+import subprocess
 import sys
 
 import pytest
 
 import canary.idle as idle
 from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
+from tests.conftest import ROOT
 
 
 class FakeClock:
@@ -78,3 +81,18 @@ def test_tight_timer_slack_sets_the_process_slack() -> None:
     assert tight_timer_slack(2000) is True
     libc = ctypes.CDLL(None)
     assert libc.prctl(30, 0, 0, 0, 0) == 2000  # PR_GET_TIMERSLACK
+
+
+def test_hop_latency_benchmark_delivers_every_message_in_order() -> None:
+    # the benchmark's MPI child (2 ranks, hard timeouts): every variant sees all its messages,
+    # in order; the figures themselves are never asserted
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hop_latency.py"),
+                           "--quick", "--timeout", "120"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    variants = [r for r in rows if "variant" in r]
+    assert [r["variant"] for r in variants] == ["sleep_only", "tight_slack", "spin_1ms",
+                                                 "spin_always"]
+    assert all(r["received_in_order"] and r["messages"] == 20 for r in variants)
+    assert rows[-1]["summary"] == "hop_latency" and rows[-1]["all_in_order"] is True

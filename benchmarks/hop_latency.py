@@ -1,0 +1,138 @@
+"""How late an idle worker sees a message, and what its waiting costs in CPU.
+
+A worker with nothing to run polls MPI between sleeps (``canary.idle.Backoff``): the sleeps
+are what a worker-to-worker hop (a gather's piece, a signal) costs on top of MPI. Two ranks
+under ``mpiexec``: rank 1 waits a random time (drawn from ``WAITS_MS``, seeded; it sleeps, so
+it leaves the CPU to rank 0) and sends a timestamped message; rank 0 waits for it exactly as a
+worker does (``MpiTransport.poll``, then ``Backoff.sleep``) and records how long after the send
+it saw the message, and its own CPU time over the run. Variants:
+
+* ``sleep_only``: the worker's back-off before this benchmark (200 quick polls, then sleeps
+  of 20 µs doubling to 250 µs) with Linux's default 50 µs timer slack;
+* ``tight_slack``: the same with 1 µs timer slack (``canary.idle.tight_timer_slack``);
+* ``spin_1ms``: also polling hot for 1 ms after each message (``spin_s``): what a worker does
+  when every worker has a core (``canary.idle.workers_fit_cores``);
+* ``spin_always``: polling hot all the time, the floor (a core at 100%).
+
+Every line is JSON; the last is the summary (median latency and CPU fraction per variant).
+
+    python benchmarks/hop_latency.py            # 400 messages per variant, ~10 s
+    python benchmarks/hop_latency.py --quick    # 20 messages (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from canary.idle import Backoff, tight_timer_slack  # noqa: E402
+
+WAITS_MS = (0.05, 0.2, 0.5, 1.0, 2.0, 5.0)
+# name: (timer slack ns, spin_s); min_sleep, max_sleep and spins as in worker.runtime
+VARIANTS: dict[str, tuple[int, float]] = {
+    "sleep_only": (50_000, 0.0),
+    "tight_slack": (1_000, 0.0),
+    "spin_1ms": (1_000, 1e-3),
+    "spin_always": (1_000, 1e9),
+}
+
+
+def child(messages: int, seed: int) -> int:
+    from mpi4py import MPI
+
+    from canary.mpi_transport import MpiTransport
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    for name, (slack, spin_s) in VARIANTS.items():
+        tight_timer_slack(slack)
+        tx = MpiTransport(comm)
+        rnd = random.Random(seed)
+        comm.Barrier()
+        if rank == 1:
+            for i in range(messages):
+                time.sleep(rnd.choice(WAITS_MS) * 1e-3)
+                tx.send(0, (i, time.perf_counter()))
+                while tx.poll() is None:  # the ack: the next wait starts after rank 0 saw it
+                    time.sleep(5e-5)
+            tx.flush()
+        else:
+            backoff = Backoff(min_sleep=2e-5, max_sleep=2.5e-4, spins=200, spin_s=spin_s)
+            lat: list[float] = []
+            order_ok = True
+            c0, w0 = time.process_time(), time.perf_counter()
+            for i in range(messages):
+                got = tx.poll()
+                while got is None:
+                    tx.progress()
+                    backoff.sleep()
+                    got = tx.poll()
+                seen = time.perf_counter()
+                k, sent = got[1]
+                order_ok &= k == i
+                lat.append(seen - sent)
+                backoff.reset()
+                tx.send(1, "ack")
+            cpu = (time.process_time() - c0) / (time.perf_counter() - w0)
+            tx.flush()
+            lat.sort()
+            print(json.dumps({
+                "variant": name, "messages": messages, "received_in_order": order_ok,
+                "latency_median_us": round(statistics.median(lat) * 1e6, 1),
+                "latency_p90_us": round(lat[int(0.9 * (len(lat) - 1))] * 1e6, 1),
+                "latency_mean_us": round(statistics.mean(lat) * 1e6, 1),
+                "cpu_fraction": round(cpu, 3)}), flush=True)
+        comm.Barrier()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="20 messages per variant (tests)")
+    ap.add_argument("--messages", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    messages = 20 if args.quick else args.messages
+    if args.child:
+        return child(messages, args.seed)
+    from canary.cli import find_mpiexec
+
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(args.timeout), PYTHONUNBUFFERED="1")
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", __file__, "--child",
+           "--messages", str(messages), "--seed", str(args.seed)]
+    print(json.dumps({"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()[0],
+                                  "date": time.strftime("%Y-%m-%d"),
+                                  "waits_ms": list(WAITS_MS)}}), flush=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                          timeout=args.timeout + 30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mpiexec failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows: list[dict[str, Any]] = [json.loads(line) for line in proc.stdout.splitlines()
+                                  if line.startswith("{")]
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    print(json.dumps({
+        "summary": "hop_latency",
+        "latency_median_us": {r["variant"]: r["latency_median_us"] for r in rows},
+        "cpu_fraction": {r["variant"]: r["cpu_fraction"] for r in rows},
+        "all_in_order": all(r["received_in_order"] for r in rows),
+    }), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
