@@ -13,6 +13,7 @@ import heapq
 import random
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -126,6 +127,9 @@ def run_local(
         t = max(now + rng.expovariate(1.0 / mean_delay), last_arrival.get(key, 0.0) + 1e-9)
         last_arrival[key] = t
         push(t, msg.dest, m)
+
+    for w, st in enumerate(states):  # as worker.runtime does: messages leave when decided
+        st.send_now = partial(send, w + 1)
 
     def apply_worker(w: int, instrs: list[Any]) -> None:
         for ins in instrs:

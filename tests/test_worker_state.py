@@ -140,6 +140,28 @@ def test_signal_holder_broadcasts_the_value() -> None:
     assert any(isinstance(i, RunTask) and i.task.stage.name == "inc" for i in out)
 
 
+def test_send_now_hands_signals_out_before_the_next_iteration_is_emitted() -> None:
+    p = while_program()
+    st, out = placed(p, worker=0, n_workers=3)
+    load = only_task(out)
+    sig = only_task(st.handle(TaskDone(1, load, (np.zeros(1),))))
+    emitted_when_sent: list[list[str]] = []
+    sent: list[Send] = []
+
+    def send_now(ins: Send) -> None:
+        sent.append(ins)
+        emitted_when_sent.append([t.stage.name for t in st.tasks.values()])
+
+    st.send_now = send_now
+    out = st.handle(TaskDone(2, sig, True))
+    # the same broadcast as without send_now, handed over before the loop body's task existed
+    assert sorted(s.dest for s in sent) == [2, 3]
+    assert all(isinstance(s.message, Signal) and s.message.value for s in sent)
+    assert all("inc" not in names for names in emitted_when_sent)
+    assert not any(isinstance(i, Send) for i in out)
+    assert any(isinstance(i, RunTask) and i.task.stage.name == "inc" for i in out)
+
+
 def test_run_ahead_window_bounds_live_instances() -> None:
     p = Program("chain")
     a = p.dataset("a", 1)

@@ -60,6 +60,10 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
             tracer.send(dest, msg)
             tx.send(dest, msg)
 
+    # Messages leave as soon as the state machine decides them, not after it has emitted the
+    # tasks that follow (a loop's next iteration): the other workers wait on them.
+    state.send_now = lambda ins: send(ins.dest, ins.message)
+
     def apply(instrs: list[Any]) -> None:
         for ins in instrs:
             if type(ins) is RunTask:
