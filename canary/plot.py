@@ -3,14 +3,16 @@
     python benchmarks/scheduler.py > sched.jsonl
     python benchmarks/apps.py > apps.jsonl
     python benchmarks/micropartition.py > micro.jsonl
-    canary plot sched.jsonl apps.jsonl micro.jsonl --out docs/img
+    python benchmarks/hop_latency.py > hop.jsonl
+    canary plot sched.jsonl apps.jsonl micro.jsonl hop.jsonl --out docs/img
 
 Each file's kind is read from its summary line (``"summary": "scheduler" | "apps" |
-"micropartition"``); the charts written are
+"micropartition" | "hop_latency"``); the charts written are
 
 * ``scheduler.png``: task rate per core and scheduling cost per task vs task length;
 * ``apps.png``: time per iteration of canary, the numba bound and the peers, per app and size;
-* ``micropartition.png``: iteration time and task rate vs partitions per core, per variance mode.
+* ``micropartition.png``: iteration time and task rate vs partitions per core, per variance mode;
+* ``hop_latency.png``: how late an idle worker sees a message, and its CPU share, per back-off.
 
 Returns 0, or 2 with a message for a file that is missing or not a benchmark's output.
 """
@@ -141,7 +143,31 @@ def plot_micropartition(rows: list[dict[str, Any]], out: str) -> str:
     return path
 
 
-PLOTTERS = {"scheduler": plot_scheduler, "apps": plot_apps, "micropartition": plot_micropartition}
+def plot_hop_latency(rows: list[dict[str, Any]], out: str) -> str:
+    import matplotlib.pyplot as plt
+
+    rs = [r for r in rows if "variant" in r]
+    names = [r["variant"] for r in rs]
+    xs = range(len(rs))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    a1.bar([x - 0.2 for x in xs], [r["latency_median_us"] for r in rs], 0.4, label="median")
+    a1.bar([x + 0.2 for x in xs], [r["latency_p90_us"] for r in rs], 0.4, label="p90")
+    a1.set(yscale="log", ylabel="µs from send to seen", title="Message latency at an idle rank")
+    a2.bar(list(xs), [100 * r["cpu_fraction"] for r in rs], 0.5)
+    a2.set(ylabel="% of a core", ylim=(0, 105), title="CPU of the waiting rank")
+    for a in (a1, a2):
+        a.set_xticks(list(xs), names, rotation=15)
+        a.grid(True, axis="y", which="both", alpha=0.3)
+    a1.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "hop_latency.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+PLOTTERS = {"scheduler": plot_scheduler, "apps": plot_apps, "micropartition": plot_micropartition,
+            "hop_latency": plot_hop_latency}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         kind = kind_of(rows)
         if kind not in PLOTTERS:
             print(f"canary plot: {path} has no benchmark summary line (expected the output of "
-                  f"benchmarks/scheduler.py, apps.py or micropartition.py)", file=sys.stderr)
+                  f"benchmarks/scheduler.py, apps.py, micropartition.py or hop_latency.py)",
+                  file=sys.stderr)
             return 2
         print(PLOTTERS[kind](rows, args.out))
     return 0

@@ -29,9 +29,13 @@ def test_plots_every_benchmark_kind(tmp_path: Path) -> None:
         {"mode": "random", "ppc": 1, "iteration_ms": 30.0, "tasks_per_s": 1e3},
         {"mode": "random", "ppc": 4, "iteration_ms": 24.0, "tasks_per_s": 4e3},
         {"summary": "micropartition"}])
+    hop = write(tmp_path / "h.jsonl", [
+        {"variant": v, "latency_median_us": m, "latency_p90_us": 2 * m, "cpu_fraction": c}
+        for v, m, c in (("sleep_only", 500.0, 0.25), ("spin_always", 40.0, 1.0))
+    ] + [{"summary": "hop_latency"}])
     out = tmp_path / "img"
-    assert main([sched, apps, micro, "--out", str(out)]) == 0
-    for name in ("scheduler.png", "apps.png", "micropartition.png"):
+    assert main([sched, apps, micro, hop, "--out", str(out)]) == 0
+    for name in ("scheduler.png", "apps.png", "micropartition.png", "hop_latency.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
