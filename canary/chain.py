@@ -18,11 +18,12 @@ the compiled loop only ever sees kernels already seen to return arrays.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
-COMPILE_AFTER = int(os.environ.get("CANARY_COMPILE_AFTER", "200000"))
+from canary.env import env_number
+
+COMPILE_AFTER = int(env_number("CANARY_COMPILE_AFTER", 200000, integer=True))
 MAX_BODY = 16  # longest body compiled (a stretch with no shorter period is one long body)
 
 _FAILED = object()

@@ -51,7 +51,7 @@ class Backoff:
 def tight_timer_slack(ns: int = 1000) -> bool:
     """Ask Linux to wake this process's sleeps within ``ns`` nanoseconds of their deadline.
 
-    The default slack is 50 µs, so ``time.sleep(20e-6)`` sleeps ~70 µs; the idle back-off's
+    The default slack is 50 µs, so ``time.sleep(20e-6)`` sleeps ~70-120 µs; the idle back-off's
     short sleeps are then what delays a message. Returns False (and changes nothing) where
     ``prctl`` is not available.
     """

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 from mpi4py import MPI
 
+from canary.env import env_number
 from canary.errors import JobAborted
 from canary.harness import JobResult
 from canary.idle import Backoff
@@ -33,7 +33,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
     job was not launched through ``python -m mpi4py``.
     """
     if startup_timeout is None:
-        startup_timeout = float(os.environ.get("CANARY_STARTUP_TIMEOUT", "120"))
+        startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0)
     state = ControllerState(program, comm.Get_size() - 1)
     tx = MpiTransport(comm)
     backoff = Backoff(max_sleep=max_sleep)

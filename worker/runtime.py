@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from typing import Any
 
 from mpi4py import MPI
 
+from canary.env import env_number
 from canary.errors import JobAborted, TaskError
 from canary.execute import run_task
 from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
@@ -38,13 +38,13 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
     """
     # CANARY_MAX_FUSED=0 turns fused compute stretches off (every task scheduled alone).
     state = WorkerState(program, comm.Get_rank() - 1, comm.Get_size() - 1, window,
-                        int(os.environ.get("CANARY_MAX_FUSED", "1024")))
+                        int(env_number("CANARY_MAX_FUSED", 1024, integer=True)))
     tx = MpiTransport(comm)
     runq: deque[Task] = deque()
     # With a core per worker, poll hot for SPIN_S after each burst of work: the message a worker
     # waits for (a piece, a signal) usually comes within that, and is then seen at once rather
     # than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
-    spin_s = float(os.environ.get("CANARY_SPIN_US", SPIN_S * 1e6)) * 1e-6
+    spin_s = env_number("CANARY_SPIN_US", SPIN_S * 1e6) * 1e-6
     tight_timer_slack()
     backoff = Backoff(max_sleep=max_sleep, spins=200,
                       spin_s=spin_s if workers_fit_cores(comm.Get_size()) else 0.0)

@@ -1,0 +1,29 @@
+"""The ``CANARY_*`` environment variables: read once, checked, with errors that say what to set."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+
+def env_number(name: str, default: float, minimum: float = 0.0, integer: bool = False,
+               environ: Mapping[str, str] = os.environ) -> float:
+    """The value of environment variable ``name`` as a number (``default`` when unset or empty).
+
+    Raises ValueError naming the variable, its value and what it accepts when the value is not
+    a number (an integer if ``integer``) or is below ``minimum``: a typo in a launch script must
+    not silently fall back to the default.
+    """
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    want = "an integer" if integer else "a number"
+    try:
+        value = float(int(raw)) if integer else float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not {want}: set it to "
+                         f"{want} >= {minimum:g} or unset it (default {default:g})") from None
+    if not value >= minimum:  # also rejects nan
+        raise ValueError(f"environment variable {name}={raw!r} is below {minimum:g}: set it to "
+                         f"{want} >= {minimum:g} or unset it (default {default:g})")
+    return value

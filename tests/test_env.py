@@ -1,0 +1,46 @@
+"""CANARY_* environment variables: defaults, values, and errors that name the variable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from canary.env import env_number
+from tests.conftest import ROOT
+
+
+def test_unset_or_empty_gives_the_default() -> None:
+    assert env_number("CANARY_X", 7.5, environ={}) == 7.5
+    assert env_number("CANARY_X", 7.5, environ={"CANARY_X": "  "}) == 7.5
+
+
+def test_values_are_parsed() -> None:
+    assert env_number("CANARY_X", 1.0, environ={"CANARY_X": "250"}) == 250.0
+    assert env_number("CANARY_X", 1.0, environ={"CANARY_X": "0.5"}) == 0.5
+    assert env_number("CANARY_X", 1, integer=True, environ={"CANARY_X": "0"}) == 0
+
+
+@pytest.mark.parametrize("raw,integer,words", [
+    ("fast", False, "is not a number"),
+    ("1.5", True, "is not an integer"),
+    ("-1", False, "is below 0"),
+    ("nan", False, "is below 0"),
+])
+def test_bad_values_name_the_variable_and_what_to_set(raw: str, integer: bool,
+                                                       words: str) -> None:
+    with pytest.raises(ValueError) as err:
+        env_number("CANARY_SPIN_US", 1000, integer=integer, environ={"CANARY_SPIN_US": raw})
+    msg = str(err.value)
+    assert "CANARY_SPIN_US" in msg and repr(raw) in msg and words in msg
+    assert "unset it (default 1000)" in msg
+
+
+def test_a_typo_in_canary_compile_after_stops_the_import() -> None:
+    # read at import time: the process must fail with the variable's name, not run on a default
+    proc = subprocess.run([sys.executable, "-c", "import canary.chain"], cwd=ROOT,
+                          env={"CANARY_COMPILE_AFTER": "2e5x", "PATH": ""},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "CANARY_COMPILE_AFTER='2e5x' is not an integer" in proc.stderr
