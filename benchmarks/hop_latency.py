@@ -14,9 +14,16 @@ it saw the message, and its own CPU time over the run. Variants:
   when every worker has a core (``canary.idle.workers_fit_cores``);
 * ``spin_always``: polling hot all the time, the floor (a core at 100%).
 
-Every line is JSON; the last is the summary (median latency and CPU fraction per variant).
+With ``--apps``, it also times small app runs where hops dominate an iteration (logistic
+regression 20K x 20, the README's example size; PageRank on 2^14 vertices), on 2 workers with
+hot polling off (``CANARY_SPIN_US=0``) and on (the default), interleaved, ``--reps`` times each;
+iteration times come from the workers' traces (``benchmarks/apps.py``'s ``run_canary``).
+
+Every line is JSON; the last is the summary (median latency and CPU fraction per variant, and
+with ``--apps`` the median iteration time per app and variant).
 
     python benchmarks/hop_latency.py            # 400 messages per variant, ~10 s
+    python benchmarks/hop_latency.py --apps     # and the app runs, ~2 min
     python benchmarks/hop_latency.py --quick    # 20 messages (tests)
 """
 
@@ -98,11 +105,48 @@ def child(messages: int, seed: int) -> int:
     return 0
 
 
+APP_RUNS = {  # app: (size, iterations); quick: tiny sizes
+    "logistic_regression": (("20000,20", 100), ("2000,8", 8)),
+    "pagerank": (("16384,160000", 60), ("1024,8000", 8)),
+}
+SPIN_VARIANTS = {"spin_off": "0", "spin_1ms": "1000"}
+
+
+def app_runs(reps: int, quick: bool, timeout: int) -> list[dict[str, Any]]:
+    """Per-iteration time of small app runs with hot polling off and on, interleaved."""
+    import benchmarks.apps as bench_apps
+
+    rows = []
+    for app, (full, small) in APP_RUNS.items():
+        size, iters = small if quick else full
+        for rep in range(reps):
+            for variant, spin_us in SPIN_VARIANTS.items():
+                old = os.environ.get("CANARY_SPIN_US")
+                os.environ["CANARY_SPIN_US"] = spin_us
+                try:
+                    got = bench_apps.run_canary(app, ["--generate", size], 2, iters,
+                                                bench_apps._extra(app), timeout, None)
+                finally:
+                    if old is None:
+                        del os.environ["CANARY_SPIN_US"]
+                    else:
+                        os.environ["CANARY_SPIN_US"] = old
+                row = {"app": app, "size": size, "variant": variant, "rep": rep,
+                       "iterations": got["iterations"],
+                       "iteration_ms": round(got["seconds"] * 1e3, 3) if got["seconds"] else None}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="20 messages per variant (tests)")
     ap.add_argument("--messages", type=int, default=400)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--apps", action="store_true",
+                    help="also time small app runs with hot polling off and on")
+    ap.add_argument("--reps", type=int, default=4, help="app runs per variant (--apps)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -125,12 +169,21 @@ def main(argv: list[str] | None = None) -> int:
                                   if line.startswith("{")]
     for r in rows:
         print(json.dumps(r), flush=True)
-    print(json.dumps({
+    summary: dict[str, Any] = {
         "summary": "hop_latency",
         "latency_median_us": {r["variant"]: r["latency_median_us"] for r in rows},
         "cpu_fraction": {r["variant"]: r["cpu_fraction"] for r in rows},
         "all_in_order": all(r["received_in_order"] for r in rows),
-    }), flush=True)
+    }
+    if args.apps:
+        runs = app_runs(1 if args.quick else args.reps, args.quick, args.timeout)
+        summary["app_iteration_ms"] = {
+            f"{r['app']}@{r['size']}": {
+                v: round(statistics.median(x["iteration_ms"] for x in runs
+                                           if x["app"] == r["app"] and x["variant"] == v), 3)
+                for v in SPIN_VARIANTS}
+            for r in runs}
+    print(json.dumps(summary), flush=True)
     return 0
 
 

@@ -12,7 +12,8 @@ Each file's kind is read from its summary line (``"summary": "scheduler" | "apps
 * ``scheduler.png``: task rate per core and scheduling cost per task vs task length;
 * ``apps.png``: time per iteration of canary, the numba bound and the peers, per app and size;
 * ``micropartition.png``: iteration time and task rate vs partitions per core, per variance mode;
-* ``hop_latency.png``: how late an idle worker sees a message, and its CPU share, per back-off.
+* ``hop_latency.png``: how late an idle worker sees a message, and its CPU share, per back-off
+  (and small apps' iteration time per back-off, when run with ``--apps``).
 
 Returns 0, or 2 with a message for a file that is missing or not a benchmark's output.
 """
@@ -146,10 +147,23 @@ def plot_micropartition(rows: list[dict[str, Any]], out: str) -> str:
 def plot_hop_latency(rows: list[dict[str, Any]], out: str) -> str:
     import matplotlib.pyplot as plt
 
-    rs = [r for r in rows if "variant" in r]
+    rs = [r for r in rows if "latency_median_us" in r]
     names = [r["variant"] for r in rs]
     xs = range(len(rs))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    apps = next((r["app_iteration_ms"] for r in rows if "app_iteration_ms" in r), None)
+    fig, axes = plt.subplots(1, 3 if apps else 2, figsize=(16 if apps else 11, 4.2))
+    a1, a2 = axes[0], axes[1]
+    if apps:  # median iteration time of each small app run, per hot-polling variant
+        a3 = axes[2]
+        variants = sorted({v for per in apps.values() for v in per})
+        width = 0.8 / max(len(variants), 1)
+        for k, v in enumerate(variants):
+            a3.bar([i + (k - (len(variants) - 1) / 2) * width for i in range(len(apps))],
+                   [per.get(v, 0) for per in apps.values()], width, label=v)
+        a3.set_xticks(list(range(len(apps))), list(apps), rotation=10, fontsize=8)
+        a3.set(ylabel="ms per iteration (median)", title="Small app runs, 2 workers")
+        a3.grid(True, axis="y", alpha=0.3)
+        a3.legend(fontsize=8)
     a1.bar([x - 0.2 for x in xs], [r["latency_median_us"] for r in rs], 0.4, label="median")
     a1.bar([x + 0.2 for x in xs], [r["latency_p90_us"] for r in rs], 0.4, label="p90")
     a1.set(yscale="log", ylabel="µs from send to seen", title="Message latency at an idle rank")

@@ -87,12 +87,19 @@ def test_hop_latency_benchmark_delivers_every_message_in_order() -> None:
     # the benchmark's MPI child (2 ranks, hard timeouts): every variant sees all its messages,
     # in order; the figures themselves are never asserted
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hop_latency.py"),
-                           "--quick", "--timeout", "120"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+                           "--quick", "--apps", "--timeout", "120"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    variants = [r for r in rows if "variant" in r]
+    variants = [r for r in rows if "variant" in r and "app" not in r]
     assert [r["variant"] for r in variants] == ["sleep_only", "tight_slack", "spin_1ms",
                                                  "spin_always"]
     assert all(r["received_in_order"] and r["messages"] == 20 for r in variants)
     assert rows[-1]["summary"] == "hop_latency" and rows[-1]["all_in_order"] is True
+    # the app runs: both apps, hot polling off and on, each with a measured iteration time
+    runs = [r for r in rows if "app" in r]
+    assert {(r["app"], r["variant"]) for r in runs} == {
+        (a, v) for a in ("logistic_regression", "pagerank") for v in ("spin_off", "spin_1ms")}
+    assert all(r["iterations"] == 8 and r["iteration_ms"] > 0 for r in runs)
+    assert set(rows[-1]["app_iteration_ms"]) == {"logistic_regression@2000,8",
+                                                 "pagerank@1024,8000"}
