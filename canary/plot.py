@@ -147,7 +147,7 @@ def plot_micropartition(rows: list[dict[str, Any]], out: str) -> str:
 def plot_hop_latency(rows: list[dict[str, Any]], out: str) -> str:
     import matplotlib.pyplot as plt
 
-    rs = [r for r in rows if "latency_median_us" in r]
+    rs = [r for r in rows if "latency_median_us" in r and "variant" in r]
     names = [r["variant"] for r in rs]
     xs = range(len(rs))
     apps = next((r["app_iteration_ms"] for r in rows if "app_iteration_ms" in r), None)

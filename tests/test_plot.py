@@ -33,7 +33,8 @@ def test_plots_every_benchmark_kind(tmp_path: Path) -> None:
         {"variant": v, "latency_median_us": m, "latency_p90_us": 2 * m, "cpu_fraction": c}
         for v, m, c in (("sleep_only", 500.0, 0.25), ("spin_always", 40.0, 1.0))
     ] + [{"app": "pagerank", "size": "1024,8000", "variant": "spin_off", "iteration_ms": 2.0},
-         {"summary": "hop_latency", "app_iteration_ms": {
+         {"summary": "hop_latency", "latency_median_us": {"sleep_only": 500.0},
+          "app_iteration_ms": {
              "pagerank@1024,8000": {"spin_off": 2.0, "spin_1ms": 1.5}}}])
     out = tmp_path / "img"
     assert main([sched, apps, micro, hop, "--out", str(out)]) == 0
