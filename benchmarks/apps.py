@@ -228,8 +228,10 @@ def bound_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ canary runs
 def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[str],
-               timeout: int, trace: str | None) -> dict[str, Any]:
-    """One canary run; ``data`` is ``["--generate", "N,D"]`` or ``["--input", PATH, ...]``."""
+               timeout: int, trace: str | None,
+               env_extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """One canary run; ``data`` is ``["--generate", "N,D"]`` or ``["--input", PATH, ...]``;
+    ``env_extra`` is added to the environment of the ranks (e.g. ``CANARY_SPIN_US``)."""
     from canary.cli import find_mpiexec
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -242,6 +244,7 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
         env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout), PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         env["CANARY_TRACE"] = trace  # the iteration times come from the workers' task times
+        env.update(env_extra or {})
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 30)
         wall = time.perf_counter() - t0

@@ -121,16 +121,9 @@ def app_runs(reps: int, quick: bool, timeout: int) -> list[dict[str, Any]]:
         size, iters = small if quick else full
         for rep in range(reps):
             for variant, spin_us in SPIN_VARIANTS.items():
-                old = os.environ.get("CANARY_SPIN_US")
-                os.environ["CANARY_SPIN_US"] = spin_us
-                try:
-                    got = bench_apps.run_canary(app, ["--generate", size], 2, iters,
-                                                bench_apps._extra(app), timeout, None)
-                finally:
-                    if old is None:
-                        del os.environ["CANARY_SPIN_US"]
-                    else:
-                        os.environ["CANARY_SPIN_US"] = old
+                got = bench_apps.run_canary(app, ["--generate", size], 2, iters,
+                                            bench_apps._extra(app), timeout, None,
+                                            {"CANARY_SPIN_US": spin_us})
                 row = {"app": app, "size": size, "variant": variant, "rep": rep,
                        "iterations": got["iterations"],
                        "iteration_ms": round(got["seconds"] * 1e3, 3) if got["seconds"] else None}
