@@ -1,7 +1,8 @@
 """Messages between ranks and the events/instructions of the pure state machines.
 
-Messages are plain dataclasses. Control messages are pickled; the ``array`` of a :class:`Piece`
-or :class:`ReportPart` travels as a raw buffer when it is large (see ``canary.mpi_transport``).
+Messages are plain dataclasses. On the wire, pieces, signals and report parts travel as compact
+tuples and other messages pickled (``canary.wire``); the ``array`` of a :class:`Piece` or
+:class:`ReportPart` travels as a raw buffer when it is large (see ``canary.mpi_transport``).
 Every message carries ``eid``, unique per sending rank, so a run can be traced.
 Ranks: 0 is the controller, worker ``w`` (0-based) is rank ``w + 1``.
 """

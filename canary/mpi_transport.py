@@ -1,6 +1,7 @@
 """Messages over MPI: the only module besides the two runtimes that touches mpi4py.
 
-Control messages are pickled (lower-case calls). A large array in a :class:`Piece` or
+Headers are pickled (lower-case calls): pieces, signals and report parts as the compact tuples
+of :mod:`canary.wire`, other messages as they are. A large array in a :class:`Piece` or
 :class:`ReportPart` travels as a raw buffer right behind its header (upper-case, zero-copy on
 the wire); MPI's non-overtaking rule per (sender, tag) pairs each header with its buffer.
 """
@@ -8,25 +9,18 @@ the wire); MPI's non-overtaking rule per (sender, tag) pairs each header with it
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from canary.idle import Backoff
-from canary.messages import Piece, ReportPart
+from canary.wire import pack, unpack
 
 TAG_CTRL = 11
 TAG_BUF = 12
 # Below this many bytes an array rides inside the pickled header: one message instead of two.
 INLINE_BYTES = 8192
-
-
-@dataclass(frozen=True)
-class _BufferRef:
-    dtype: str
-    shape: tuple[int, ...]
 
 
 class MpiTransport:
@@ -45,16 +39,13 @@ class MpiTransport:
 
     def send(self, dest: int, msg: Any) -> None:
         self.sent += 1
-        if isinstance(msg, (Piece, ReportPart)):
-            arr = msg.array
-            if isinstance(arr, np.ndarray) and arr.nbytes > INLINE_BYTES:
-                buf = np.array(arr, copy=True, order="C")
-                msg.array = _BufferRef(buf.dtype.str, buf.shape)  # type: ignore[assignment]
-                r1 = self.comm.isend(msg, dest, TAG_CTRL)
-                r2 = self.comm.Isend(buf, dest, TAG_BUF)
-                self._pending.append((r1, r2, buf))
-                return
-        self._pending.append((self.comm.isend(msg, dest, TAG_CTRL),))
+        payload, buf = pack(msg, INLINE_BYTES)
+        if buf is None:
+            self._pending.append((self.comm.isend(payload, dest, TAG_CTRL),))
+            return
+        r1 = self.comm.isend(payload, dest, TAG_CTRL)
+        r2 = self.comm.Isend(buf, dest, TAG_BUF)
+        self._pending.append((r1, r2, buf))
 
     def poll(self) -> tuple[int, Any] | None:
         """Return (source rank, message) if one has arrived, else None; never blocks long."""
@@ -62,10 +53,9 @@ class MpiTransport:
         if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CTRL, st):
             return None
         src = st.Get_source()
-        msg = self.comm.recv(source=src, tag=TAG_CTRL)
-        arr = getattr(msg, "array", None)
-        if isinstance(arr, _BufferRef):
-            buf = np.empty(arr.shape, dtype=np.dtype(arr.dtype))
+        msg, raw = unpack(self.comm.recv(source=src, tag=TAG_CTRL))
+        if raw is not None:  # the array follows as a raw buffer (MPI keeps per-sender order)
+            buf = np.empty(raw[1], dtype=raw[0])
             self.comm.Recv(buf, source=src, tag=TAG_BUF)
             msg.array = buf
         self.received += 1

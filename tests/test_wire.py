@@ -1,0 +1,95 @@
+"""The wire format: every message comes back equal, arrays with their dtype, shape and values."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from canary.messages import Done, Hello, Piece, ReportPart, Shutdown, Signal
+from canary.wire import pack, unpack
+
+LIMIT = 8192
+
+
+class Tagged(np.ndarray):
+    """An ndarray subclass (module level, so that pickle finds it)."""
+
+
+def roundtrip(msg: object) -> object:
+    """What the receiving rank gets: the header through pickle, the raw buffer copied."""
+    payload, buf = pack(msg, LIMIT)
+    got, raw = unpack(pickle.loads(pickle.dumps(payload, protocol=5)))
+    if raw is None:
+        assert buf is None
+    else:
+        assert buf is not None and buf.flags.c_contiguous
+        assert (buf.dtype, buf.shape) == raw
+        got.array = np.array(buf, copy=True)  # what Recv into a fresh buffer gives
+    return got
+
+
+ARRAYS = [
+    np.arange(23, dtype=np.float64),
+    np.arange(12, dtype=">i4").reshape(3, 4),  # byte order kept
+    np.asfortranarray(np.arange(12.0).reshape(3, 4)),  # values kept (arrives C-ordered)
+    np.arange(20.0).reshape(4, 5)[:, 1::2],  # a non-contiguous view
+    np.array(3.5),  # 0-d
+    np.zeros((0, 3)),
+    np.arange(4000, dtype=np.float64),  # 32 KB: a raw buffer behind the header
+    np.array([True, False]),
+]
+
+
+@pytest.mark.parametrize("arr", ARRAYS, ids=lambda a: f"{a.dtype}{a.shape}")
+def test_pieces_and_report_parts_come_back_equal(arr: np.ndarray) -> None:
+    piece = Piece(7, 3, 2, 1, (0, 4), (1, 2), arr)
+    got = roundtrip(piece)
+    assert isinstance(got, Piece)
+    assert (got.eid, got.seq, got.dataset, got.src, got.dsts, got.versions) == (7, 3, 2, 1, (0, 4), (1, 2))
+    assert got.array.dtype == arr.dtype and got.array.shape == arr.shape
+    assert np.array_equal(got.array, arr)
+    assert got.array.flags.writeable  # kernels may update a gathered piece in place
+    part = ReportPart(9, 4, 5, (2, 1), 3, arr, 17, 0.25)
+    back = roundtrip(part)
+    assert isinstance(back, ReportPart) and np.array_equal(back.array, arr)
+    assert (back.eid, back.seq, back.stage, back.iteration, back.index, back.tasks,
+            back.seconds) == (9, 4, 5, (2, 1), 3, 17, 0.25)
+
+
+def test_a_later_change_to_the_sent_array_does_not_reach_the_receiver() -> None:
+    for n in (10, 4000):  # inline and raw buffer
+        arr = np.ones(n)
+        payload, buf = pack(Piece(1, 1, 1, 0, (0,), (1,), arr), LIMIT)
+        arr[:] = 5.0  # an in-place kernel runs while the send is in flight
+        got, raw = unpack(pickle.loads(pickle.dumps(payload)))
+        values = buf if raw is not None else got.array
+        assert values is not None and float(values.max()) == 1.0
+
+
+def test_signals_travel_as_tuples_and_other_messages_as_themselves() -> None:
+    payload, buf = pack(Signal(4, 11, False), LIMIT)
+    assert type(payload) is tuple and buf is None
+    assert roundtrip(Signal(4, 11, True)) == Signal(4, 11, True)
+    for msg in (Hello(1, 0, "d", ["s"]), Done(2, 1, 30, {"Piece": 3}), Shutdown(3)):
+        payload, buf = pack(msg, LIMIT)
+        assert payload is msg and buf is None
+        assert roundtrip(msg) == msg
+
+
+def test_arrays_raw_bytes_cannot_carry_are_pickled_whole() -> None:
+    objects = np.array([{"a": 1}, None], dtype=object)
+    records = np.zeros(2, dtype=[("x", "f8"), ("n", "i4")])
+    subclass = np.eye(2).view(Tagged)
+    for arr in (objects, records, subclass):
+        piece = Piece(1, 1, 1, 0, (0,), (1,), arr)
+        payload, buf = pack(piece, LIMIT)
+        assert payload is piece and buf is None
+        got = roundtrip(piece)
+        assert type(got.array) is type(arr) and got.array.dtype == arr.dtype
+
+
+def test_unknown_tags_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown message tag 99"):
+        unpack((99, 1, ("<f8", (1,), bytearray(8))))
