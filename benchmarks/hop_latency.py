@@ -14,6 +14,9 @@ it saw the message, and its own CPU time over the run. Variants:
   when every worker has a core (``canary.idle.workers_fit_cores``);
 * ``spin_always``: polling hot all the time, the floor (a core at 100%).
 
+It also times what encoding costs at the two ends of a hop: pickling and unpickling a piece or
+a signal as a dataclass against ``canary.wire``'s tuples (in this process).
+
 With ``--apps``, it also times small app runs where hops dominate an iteration (logistic
 regression 20K x 20, the README's example size; PageRank on 2^14 vertices), on 2 workers with
 hot polling off (``CANARY_SPIN_US=0``) and on (the default), interleaved, ``--reps`` times each;
@@ -132,6 +135,38 @@ def app_runs(reps: int, quick: bool, timeout: int) -> list[dict[str, Any]]:
     return rows
 
 
+def codec_costs(reps: int) -> list[dict[str, Any]]:
+    """µs to pickle and unpickle one message (what the two ends of a hop pay besides MPI): as
+    the pickled dataclass and in ``canary.wire``'s tuple format, in this process."""
+    import pickle
+
+    import numpy as np
+
+    from canary.messages import Piece, Signal
+    from canary.wire import pack, unpack
+
+    def per_call(fn: Any) -> float:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / reps)
+        return round(best * 1e6, 2)
+
+    rows = []
+    for name, msg in (("piece_23_float64", Piece(1, 5, 2, 3, (0,), (1,), np.random.rand(23))),
+                      ("piece_1000_float64", Piece(1, 5, 2, 3, (0,), (1,), np.random.rand(1000))),
+                      ("signal", Signal(1, 2, True))):
+        rows.append({
+            "codec": name,
+            "pickled_dataclass_us": per_call(lambda m=msg: pickle.loads(pickle.dumps(m, 5))),
+            "wire_tuple_us": per_call(
+                lambda m=msg: unpack(pickle.loads(pickle.dumps(pack(m, 8192)[0], 5)))),
+        })
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="20 messages per variant (tests)")
@@ -162,11 +197,15 @@ def main(argv: list[str] | None = None) -> int:
                                   if line.startswith("{")]
     for r in rows:
         print(json.dumps(r), flush=True)
+    codecs = codec_costs(200 if args.quick else 5000)
+    for r in codecs:
+        print(json.dumps(r), flush=True)
     summary: dict[str, Any] = {
         "summary": "hop_latency",
         "latency_median_us": {r["variant"]: r["latency_median_us"] for r in rows},
         "cpu_fraction": {r["variant"]: r["cpu_fraction"] for r in rows},
         "all_in_order": all(r["received_in_order"] for r in rows),
+        "codec_us": {r["codec"]: [r["pickled_dataclass_us"], r["wire_tuple_us"]] for r in codecs},
     }
     if args.apps:
         runs = app_runs(1 if args.quick else args.reps, args.quick, args.timeout)

@@ -4,8 +4,9 @@ A :class:`Piece`, :class:`Signal` or :class:`ReportPart` crosses the wire every 
 on the critical path between two workers. Pickled as a slots dataclass holding a small numpy
 array, a piece cost ~24 µs to pickle and ~12 µs to unpickle on the development VM (numpy's
 ``__reduce__`` is most of it); a tuple of ints and the array's raw bytes costs ~3 µs. So those
-three travel as tuples tagged with a small int; every other message is pickled as it is (they
-are rare: hello, placement, done, shutdown, abort).
+three travel as tuples tagged with a small int; every other message (they are rare: hello,
+placement, done, shutdown, abort) travels pickled as it is, inside a tuple tagged 0, so that any
+object, a tuple included, comes back as it was sent.
 
 An array whose bytes exceed ``inline_limit`` does not ride in the tuple: :func:`pack` returns
 it as a separate C-contiguous buffer for the transport to send raw (``Isend``) right behind the
@@ -22,7 +23,7 @@ import numpy as np
 
 from canary.messages import Piece, ReportPart, Signal
 
-_PIECE, _SIGNAL, _REPORT = 1, 2, 3
+_OTHER, _PIECE, _SIGNAL, _REPORT = 0, 1, 2, 3
 
 
 def _raw_ok(arr: Any) -> bool:
@@ -39,7 +40,7 @@ def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
     if t is Piece or t is ReportPart:
         arr = msg.array
         if not _raw_ok(arr):
-            return msg, None
+            return (_OTHER, msg), None
         buf: np.ndarray | None = None
         if arr.nbytes > inline_limit:
             buf = np.array(arr, copy=True, order="C")
@@ -52,15 +53,15 @@ def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
                     head), buf
         return (_REPORT, msg.eid, msg.seq, msg.stage, msg.iteration, msg.index, msg.tasks,
                 msg.seconds, head), buf
-    return msg, None
+    return (_OTHER, msg), None
 
 
 def unpack(payload: Any) -> tuple[Any, tuple[np.dtype, tuple[int, ...]] | None]:
     """The message a :func:`pack` payload stands for, and ``(dtype, shape)`` of the raw buffer
     that follows it (None if none does; the message's ``array`` is then set by the caller)."""
-    if type(payload) is not tuple:
-        return payload, None
     tag = payload[0]
+    if tag == _OTHER:
+        return payload[1], None
     if tag == _SIGNAL:
         return Signal(payload[1], payload[2], payload[3]), None
     dtype_str, shape, data = payload[-1]

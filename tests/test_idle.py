@@ -92,6 +92,9 @@ def test_hop_latency_benchmark_delivers_every_message_in_order() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     variants = [r for r in rows if "variant" in r and "app" not in r]
+    codecs = [r for r in rows if "codec" in r]
+    assert [r["codec"] for r in codecs] == ["piece_23_float64", "piece_1000_float64", "signal"]
+    assert all(r["pickled_dataclass_us"] > 0 and r["wire_tuple_us"] > 0 for r in codecs)
     assert [r["variant"] for r in variants] == ["sleep_only", "tight_slack", "spin_1ms",
                                                  "spin_always"]
     assert all(r["received_in_order"] and r["messages"] == 20 for r in variants)

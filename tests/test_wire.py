@@ -68,13 +68,14 @@ def test_a_later_change_to_the_sent_array_does_not_reach_the_receiver() -> None:
         assert values is not None and float(values.max()) == 1.0
 
 
-def test_signals_travel_as_tuples_and_other_messages_as_themselves() -> None:
+def test_signals_travel_as_tuples_and_other_objects_pickled_as_they_are() -> None:
     payload, buf = pack(Signal(4, 11, False), LIMIT)
     assert type(payload) is tuple and buf is None
     assert roundtrip(Signal(4, 11, True)) == Signal(4, 11, True)
-    for msg in (Hello(1, 0, "d", ["s"]), Done(2, 1, 30, {"Piece": 3}), Shutdown(3)):
+    for msg in (Hello(1, 0, "d", ["s"]), Done(2, 1, 30, {"Piece": 3}), Shutdown(3),
+                (1, 2.5), ("a tuple", (3,))):  # tuples too: the transport carries any object
         payload, buf = pack(msg, LIMIT)
-        assert payload is msg and buf is None
+        assert payload == (0, msg) and payload[1] is msg and buf is None
         assert roundtrip(msg) == msg
 
 
@@ -85,7 +86,7 @@ def test_arrays_raw_bytes_cannot_carry_are_pickled_whole() -> None:
     for arr in (objects, records, subclass):
         piece = Piece(1, 1, 1, 0, (0,), (1,), arr)
         payload, buf = pack(piece, LIMIT)
-        assert payload is piece and buf is None
+        assert payload[1] is piece and buf is None
         got = roundtrip(piece)
         assert type(got.array) is type(arr) and got.array.dtype == arr.dtype
 
