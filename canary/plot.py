@@ -27,6 +27,17 @@ import sys
 from typing import Any
 
 
+def _save(fig: Any, out: str, name: str) -> str:
+    """Lay out ``fig``, write it as ``out/name`` and close it; return the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def read_lines(path: str) -> list[dict[str, Any]]:
     """The JSON objects of a benchmark's output (non-JSON lines, e.g. logs, are skipped)."""
     rows = []
@@ -78,11 +89,7 @@ def plot_scheduler(rows: list[dict[str, Any]], out: str) -> str:
     for a in (a1, a2):
         a.grid(True, which="both", alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "scheduler.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "scheduler.png")
 
 
 def plot_apps(rows: list[dict[str, Any]], out: str) -> str:
@@ -111,11 +118,7 @@ def plot_apps(rows: list[dict[str, Any]], out: str) -> str:
            title="Per-iteration time (first and last excluded)")
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4)
-    fig.tight_layout()
-    path = os.path.join(out, "apps.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "apps.png")
 
 
 def plot_micropartition(rows: list[dict[str, Any]], out: str) -> str:
@@ -137,11 +140,7 @@ def plot_micropartition(rows: list[dict[str, Any]], out: str) -> str:
     for a in (a1, a2):
         a.grid(True, which="both", alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "micropartition.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "micropartition.png")
 
 
 def plot_hop_latency(rows: list[dict[str, Any]], out: str) -> str:
@@ -173,11 +172,7 @@ def plot_hop_latency(rows: list[dict[str, Any]], out: str) -> str:
         a.set_xticks(list(xs), names, rotation=15)
         a.grid(True, axis="y", which="both", alpha=0.3)
     a1.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "hop_latency.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "hop_latency.png")
 
 
 PLOTTERS = {"scheduler": plot_scheduler, "apps": plot_apps, "micropartition": plot_micropartition,
