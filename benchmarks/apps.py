@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -134,8 +133,7 @@ def timed_iterations(step: Callable[[], Any], iters: int) -> float:
         t0 = time.perf_counter()
         step()
         ts.append(time.perf_counter() - t0)
-    inner = ts[1:-1] if len(ts) > 2 else ts
-    return statistics.mean(inner)
+    return spark_jvm.inner_mean(ts)
 
 
 def by_threads(step: Callable[[], Any], iters: int, threads: int) -> dict[str, Any]:
@@ -257,8 +255,7 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 mem.append(json.load(f))
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    inner = gaps[1:-1] if len(gaps) > 2 else gaps
-    return {"seconds": statistics.mean(inner) if inner else None, "iterations": len(rows),
+    return {"seconds": spark_jvm.inner_mean(gaps) if gaps else None, "iterations": len(rows),
             "wall_s": round(wall, 3), "summary": summary,
             "peak_rss_mb": max(m["peak_rss_mb"] for m in mem),
             "peak_rss_mb_by_worker": [m["peak_rss_mb"] for m in mem],

@@ -191,7 +191,7 @@ def _peer(name: str, threads: int, spark: SparkFactory,
 # ------------------------------------------------------------------ results and references
 def inner_mean(seconds: Sequence[float]) -> float:
     """Mean of per-iteration seconds, first and last excluded when there are more than two
-    (as ``apps.timed_iterations``)."""
+    (the paper's rule; every per-iteration figure of ``benchmarks/apps.py`` uses this)."""
     inner = list(seconds[1:-1]) if len(seconds) > 2 else list(seconds)
     return statistics.mean(inner)
 
