@@ -91,3 +91,20 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(SystemExit, match="exceeds the 10 data rows"):
         lr.build(args, 2)
     assert isinstance(args, argparse.Namespace)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 40.0])
+def test_gradient_kernel_matches_numpy_across_loss_blocks(scale: float) -> None:
+    # 1,300 rows span two full loss blocks and a partial one. Near z = 0 every (1 + e^-|z|)
+    # factor is ~2, so a block product that were never reset would overflow past 1,024 rows;
+    # at scale 40 most factors are 1 and the sigmoid takes both sign branches at saturation.
+    rng = np.random.default_rng(7)
+    n, d = 1_300, 6
+    X = rng.standard_normal((n, d))
+    y = (rng.random(n) < 0.5).astype(float)
+    w = rng.standard_normal(d + 1) * scale
+    z = X @ w[:d] + w[d]
+    r = 1.0 / (1.0 + np.exp(-z)) - y
+    want = np.concatenate([X.T @ r, [r.sum(), np.sum(np.logaddexp(0.0, z) - y * z), n]])
+    got = lr.gradient_kernel(X, y, w)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * n)
