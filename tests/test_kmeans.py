@@ -197,3 +197,13 @@ def test_cli_error_exit_code(tmp_path: Path) -> None:
                 timeout=60)
     assert cp.returncode == 2
     assert "small.npy: k=9 is larger than the number of points (5)" in cp.stderr
+
+
+def test_nearest_center_breaks_ties_to_the_lower_index_and_keeps_nan() -> None:
+    centers = np.array([[9.0, 9.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    X = np.array([[1.0, 0.0], [0.0, 0.0], [5.0, 0.0], [np.nan, 0.0]])
+    want = [(1, 1.0), (2, 0.0), (1, 9.0)]  # row 0 ties centres 1, 2, 3; row 1 ties 2 and 3
+    for i, (j, dist) in enumerate(want):
+        assert km.nearest_center(X, i, centers) == (j, dist)
+    j, dist = km.nearest_center(X, 3, centers)
+    assert j == 0 and np.isnan(dist)  # a NaN row is visible in the inertia, not silently 0
