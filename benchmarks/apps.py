@@ -85,7 +85,10 @@ QUICK_SIZES: dict[str, list[tuple[int, ...]]] = {
 
 
 # ------------------------------------------------------------------ numba bounds
-@numba.njit(parallel=True, cache=True)
+# lr_gradient and km_step are NOT cached on disk: numba keys a cache entry on its own file
+# only, so a cached bound would keep running the app's kernel as it was when first compiled
+# (it did: an LR bound 2.7x slower than the kernel it claimed to run).
+@numba.njit(parallel=True)
 def lr_gradient(X: np.ndarray, y: np.ndarray, w: np.ndarray, chunks: int) -> np.ndarray:
     """The app's own gradient kernel over ``chunks`` row blocks in parallel, summed:
     [gradient of the log-loss (d + 1), log-loss, rows]: the same arithmetic canary runs."""
@@ -98,7 +101,7 @@ def lr_gradient(X: np.ndarray, y: np.ndarray, w: np.ndarray, chunks: int) -> np.
     return part.sum(axis=0)
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True)
 def km_step(X: np.ndarray, labels: np.ndarray, centers: np.ndarray, chunks: int) -> np.ndarray:
     """The app's own assignment kernel over ``chunks`` row blocks in parallel (labels updated
     in place); returns the summed ``partial`` (per-centre sums k*d, counts k, ...)."""

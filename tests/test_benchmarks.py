@@ -97,6 +97,18 @@ def test_apps_bound_kernels_match_numpy() -> None:
     assert outdeg.sum() == 500
 
 
+def test_bounds_that_call_app_kernels_are_not_disk_cached() -> None:
+    # numba keys a disk cache entry on the caller's file alone: a cached bound keeps running
+    # the app's kernel as first compiled, however the app changes since.
+    sys.path.insert(0, str(ROOT))
+    from numba.core.caching import NullCache
+
+    from benchmarks.apps import km_step, lr_gradient
+
+    for bound in (lr_gradient, km_step):
+        assert isinstance(bound._cache, NullCache), bound.py_func.__name__
+
+
 @pytest.mark.parametrize("app", ["logistic_regression", "kmeans", "pagerank"])
 def test_apps_quick_row_shape(app: str) -> None:
     rows = run_bench("apps.py", "--quick", "--no-peers", "--apps", app, "--iters", "5")
