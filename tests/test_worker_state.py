@@ -18,6 +18,7 @@ from worker.state import (
     K_GATHER,
     K_LOAD,
     K_SCATTER,
+    LONE_TASK_S,
     MAX_FUSED,
     RunTask,
     WorkerState,
@@ -271,4 +272,93 @@ def test_writes_wait_for_earlier_reads_and_reads_share() -> None:
     assert st.handle(TaskDone(2, r1, (np.zeros(1),))) == []  # write still waits for read2
     w = only_task(st.handle(TaskDone(3, r2, (np.zeros(1),))))
     assert w.stage.name == "write"
+    st.validate_state()
+
+
+def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
+    # inc sits between a broadcast and a reduce: a stretch of it is one instance.
+    p = Program("between")
+    a, w, s = p.dataset("a", 3), p.dataset("w", 1), p.dataset("s", 1)
+    p.load([a], lambda i, n: np.ones(1))
+    p.load([w], lambda i, n: np.ones(1))
+    with p.loop(3):
+        p.broadcast(w, a)
+        p.compute(lambda x: x + 1, [a], [a], name="inc")
+        p.reduce(a, s)
+    st = WorkerState(p.finalize(), 0, 1, window=1000)
+    st.start()
+    st.handle(Placement(1, PartitionMap.initial([3, 1, 1], 1)))
+    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    # the next iterations' stretches wait for this one (fused_live)
+    assert len(fused) == 1 and len(fused[0].stretch.instances) == 1
+    inc = fused[0].stretch.instances[0][0].id
+    st.stretch_timed(fused[0], 3 * 1e-5)  # 10 µs tasks: fusing them is worth it
+    assert inc not in st.lone_stages
+    st.stretch_timed(fused[0], 3 * LONE_TASK_S)
+    assert st.lone_stages == {inc}
+    first = WorkerState(p.finalize(), 0, 1, window=1000)
+    first.stretch_timed(fused[0], 3 * LONE_TASK_S)  # a first stretch includes compiling
+    assert not first.lone_stages
+    # A fresh interpreter that has learnt the same emits every iteration's inc as ordinary
+    # tasks, without waiting for anything.
+    st2 = WorkerState(p.finalize(), 0, 1, window=1000)
+    st2.lone_stages.add(inc)
+    st2.start()
+    st2.handle(Placement(1, PartitionMap.initial([3, 1, 1], 1)))
+    kinds = [t.kind for t in st2.tasks.values() if t.stage.name == "inc"]
+    assert kinds == [K_COMPUTE] * 9
+    st2.validate_state()
+
+
+def test_stretch_timed_keeps_fusing_multi_instance_stretches_of_long_tasks() -> None:
+    p = compute_loop(parts=2, iters=10)
+    st = WorkerState(p, 0, 1, max_fused=1000)
+    st.start()
+    st.handle(Placement(1, PartitionMap.initial([2], 1)))
+    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    st.stretch_timed(fused[0], 40 * 1e-3)  # 1 ms tasks, but no communication between them
+    assert not st.lone_stages
+    assert st.max_fused == stretch_budget(1e-3, 2)
+
+
+def test_pause_for_sends_runs_a_loop_body_broadcast_before_emitting_the_rest() -> None:
+    def body_program() -> Program:
+        p = Program("bcast_loop")
+        w, a, s = p.dataset("w", 1), p.dataset("a", 2), p.dataset("s", 1)
+        p.load([w], lambda i, n: np.ones(1))
+        p.load([a], lambda i, n: np.zeros(1))
+        with p.while_(lambda v: v[0] < 5, on=w, max_iter=3):
+            p.broadcast(w, a)
+            p.compute(lambda x: x + 1, [a], [a], name="inc")
+            p.reduce(a, s)
+            p.compute(lambda x: x, [s], [w], name="back")
+        return p.finalize()
+
+    def at_signal(pause: bool) -> tuple[WorkerState, list]:
+        """Run the loads and the first loop test; return the state and what the test's
+        TaskDone caused."""
+        st = WorkerState(body_program(), 0, 1, max_fused=0)
+        st.pause_for_sends = pause
+        st.start()
+        todo = [i.task for i in st.handle(Placement(1, PartitionMap.initial([1, 2, 1], 1)))
+                if isinstance(i, RunTask)]
+        while todo:
+            t = todo.pop(0)
+            if t.kind == "signal":
+                return st, st.handle(TaskDone(0, t, True))
+            todo += [i.task for i in st.handle(TaskDone(0, t, (np.ones(1),)))
+                     if isinstance(i, RunTask)]
+        raise AssertionError("no loop test ran")
+
+    plain, _ = at_signal(pause=False)
+    assert not plain.paused and "inc" in {t.stage.name for t in plain.tasks.values()}
+    st, out = at_signal(pause=True)
+    # the broadcast's scatter is runnable and nothing of the body after it exists yet
+    assert [i.task.kind for i in out if isinstance(i, RunTask)] == [K_SCATTER]
+    assert st.paused and "inc" not in {t.stage.name for t in st.tasks.values()}
+    st.validate_state()
+    st.resume()
+    assert not st.paused
+    assert {t.stage.name for t in st.tasks.values()} == {t.stage.name for t in plain.tasks.values()}
+    assert st.seq == plain.seq
     st.validate_state()

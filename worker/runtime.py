@@ -16,7 +16,7 @@ from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
-from worker.state import K_FUSED, RunTask, Task, WorkerState, stretch_budget
+from worker.state import K_FUSED, K_SENDS, RunTask, Task, WorkerState
 
 POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
 MAX_BATCH = 64
@@ -41,6 +41,7 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
                         int(env_number("CANARY_MAX_FUSED", 1024, integer=True)))
     tx = MpiTransport(comm)
     runq: deque[Task] = deque()
+    urgent: deque[Task] = deque()  # runnable tasks of the K_SENDS kinds: they run first
     # With a core per worker, poll hot for SPIN_S after each burst of work: the message a worker
     # waits for (a piece, a signal) usually comes within that, and is then seen at once rather
     # than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
@@ -51,6 +52,8 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
 
     push = runq.append
     popleft = runq.popleft
+    push_urgent = urgent.append
+    pop_urgent = urgent.popleft
     handle = state.handle
     send = tx.send
     if tracer is not None:
@@ -63,11 +66,14 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
     # Messages leave as soon as the state machine decides them, not after it has emitted the
     # tasks that follow (a loop's next iteration): the other workers wait on them.
     state.send_now = lambda ins: send(ins.dest, ins.message)
+    # Likewise a scatter emitted at the top of a loop body (a broadcast) runs before the rest
+    # of the body is emitted: the interpreter pauses for it, and is resumed once it has run.
+    state.pause_for_sends = True
 
     def apply(instrs: list[Any]) -> None:
         for ins in instrs:
             if type(ins) is RunTask:
-                push(ins.task)
+                (push_urgent if ins.task.kind in K_SENDS else push)(ins.task)
             else:
                 assert isinstance(ins, Send)
                 send(ins.dest, ins.message)
@@ -90,21 +96,23 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
             if isinstance(msg, Abort):
                 raise JobAborted(msg.reason)
             apply(state.handle(msg))
-            if stats is not None and runq and "t_first" not in stats:
+            if stats is not None and (runq or urgent) and "t_first" not in stats:
                 stats["t_first"] = time.perf_counter()
                 stats["cpu_first"] = time.process_time()
             got = tx.poll()
-        if runq:
+        if state.paused and not urgent:
+            apply(state.resume())
+        if runq or urgent:
             backoff.reset()
             t0 = perf_counter()
             n = 0
-            while n < batch and runq:
+            while n < batch and (urgent or runq):
                 n += 1
-                task = popleft()
+                task = pop_urgent() if urgent else popleft()
                 if task.kind is K_FUSED:
                     t_start = perf_counter()
                     ev = run_task(state, task, None if tracer is None else tracer.fused_task)
-                    tune_fusion(state, task, perf_counter() - t_start)
+                    state.stretch_timed(task, perf_counter() - t_start)
                 elif tracer is None:
                     ev = run_task(state, task)
                 else:
@@ -113,11 +121,17 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
                     tracer.task(task, t_start, clock(), type(ev) is TaskDone)
                 for ins in handle(ev):
                     if type(ins) is RunTask:
-                        push(ins.task)
+                        t = ins.task
+                        if t.kind in K_SENDS:
+                            push_urgent(t)
+                        else:
+                            push(t)
                     else:
                         send(ins.dest, ins.message)
                 if type(ev) is TaskFailed:
                     _wait_for_abort(tx, ev.message)
+                if state.paused and not urgent:
+                    apply(state.resume())
             if n == batch:
                 dt = perf_counter() - t0
                 if dt < POLL_INTERVAL * 0.5 and batch < MAX_BATCH:
@@ -130,13 +144,6 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
             stats["cpu_done"] = time.process_time()
         tx.progress()
         backoff.sleep()
-
-
-def tune_fusion(state: WorkerState, task: Task, seconds: float) -> None:
-    """Size the next fused stretches from how long ``task`` (a fused task) took
-    (:func:`worker.state.stretch_budget`)."""
-    assert task.stretch is not None
-    state.max_fused = stretch_budget(seconds / task.stretch.tasks, len(task.stretch.idxs))
 
 
 def _wait_for_abort(tx: MpiTransport, message: str, timeout: float = 10.0) -> None:

@@ -65,6 +65,12 @@ K_SIGNAL = "signal"
 K_REPORT = "report"
 K_FUSED = "fused"  # a stretch of compute stage instances run back to back (see Stretch)
 
+# Tasks whose completion sends data or a loop's decision to other workers. The runtime runs
+# them before queued compute tasks: a reduce's piece then leaves right after its partition's
+# kernel instead of after every other queued kernel, and the receiving worker, which can do
+# nothing until the last piece is in, waits that much less (LR 20K: 4 pieces 175 -> ~45 µs).
+K_SENDS = frozenset({K_SCATTER, K_SIGNAL})
+
 _KIND_OF = {LOAD: K_LOAD, COMPUTE: K_COMPUTE, REPORT: K_REPORT, SIGNAL: K_SIGNAL}
 
 
@@ -170,6 +176,12 @@ class WorkerState:
     :class:`Signal` or :class:`Piece` leaves before ``handle`` goes on to emit the next
     iteration's tasks (~5 µs each, a few hundred µs for a large loop body), which the other
     workers would otherwise wait through.
+
+    If ``pause_for_sends`` is set, the interpreter stops emitting right after a stage instance
+    that made a task of a ``K_SENDS`` kind runnable (a broadcast's scatter at the top of a loop
+    body) and sets ``paused``: the runtime runs that task, so its message leaves, then calls
+    ``resume()`` for the rest. The runtime must call ``resume()`` whenever ``paused`` is set
+    and no such task is waiting, or the program stalls; ``handle`` also resumes.
     """
 
     def __init__(self, program: Program, worker: int, n_workers: int, window: int = 64,
@@ -183,6 +195,12 @@ class WorkerState:
         # it (a stretch is one kernel call sequence with no MPI polling in between).
         self.max_fused = max_fused
         self.send_now: Callable[[Send], None] | None = None
+        # Compute stages whose tasks, run as a one-instance stretch, took LONE_TASK_S or more:
+        # they run as ordinary tasks from then on (see stretch_timed).
+        self.lone_stages: set[int] = set()
+        self._timed_stages: set[int] = set()  # stages seen in a timed one-instance stretch
+        self.pause_for_sends = False
+        self.paused = False
         self.fused_live = 0
         self.stretches_run = 0
         self.map: PartitionMap | None = None
@@ -267,6 +285,31 @@ class WorkerState:
         if kind == K_LOAD:
             return st.fn, (task.part, st.partitions)
         raise AssertionError(kind)
+
+    def resume(self) -> list[Any]:
+        """Go on emitting after a pause (see ``pause_for_sends``); the instructions it causes."""
+        out: list[Any] = []
+        was, self.paused = self.paused, False
+        if was and self.map is not None and not self.failed:
+            self._advance(out)
+        return out
+
+    def stretch_timed(self, task: Task, seconds: float) -> None:
+        """Learn from a fused ``task`` that took ``seconds``: size the next stretches
+        (:func:`stretch_budget`), and if it was one stage instance (communication on both
+        sides) of tasks of ``LONE_TASK_S`` or more (and not the stage's first such stretch),
+        emit that stage's later instances as ordinary tasks. Fusing them saved at most a few µs a task, but held every output back
+        until the last partition's kernel: the sends they feed left together at the end."""
+        stretch = task.stretch
+        assert stretch is not None
+        per_task = seconds / stretch.tasks
+        self.max_fused = stretch_budget(per_task, len(stretch.idxs))
+        if len(stretch.instances) == 1:
+            sid = stretch.instances[0][0].id
+            # a stage's first stretch is not evidence: its first kernel call loads or compiles
+            if per_task >= LONE_TASK_S and sid in self._timed_stages:
+                self.lone_stages.add(sid)
+            self._timed_stages.add(sid)
 
     def validate_state(self) -> None:
         """Check invariants; raise AssertionError naming the broken one."""
@@ -379,6 +422,7 @@ class WorkerState:
         ops = self.program.ops
         stages = self.program.stages
         counters = self.counters
+        self.paused = False
         while True:
             op = ops[self.pc]
             code = op[0]
@@ -392,6 +436,14 @@ class WorkerState:
                         continue
                     if fused is None:  # the next stretch waits for the running one
                         break
+                if st.kind == SCATTER_GATHER and self.pause_for_sends:
+                    n0 = len(out)
+                    self._emit(st, out)
+                    self.pc += 1
+                    if any(type(i) is RunTask and i.task.kind is K_SCATTER for i in out[n0:]):
+                        self.paused = True
+                        break
+                    continue
                 self._emit(st, out)
                 self.pc += 1
             elif code in _LOOP_CONTROL:
@@ -496,7 +548,8 @@ class WorkerState:
         task's, so it runs once everything emitted before it has released them. Returns True if
         emitted (``pc``, the loop counters and ``seq`` then stand after the stretch, exactly as
         if each instance had been emitted alone), False if the stage should be emitted as
-        ordinary tasks (the stretch would stand for fewer than 2), and None while another
+        ordinary tasks (the stretch would stand for fewer than 2, or be one instance of a stage
+        in ``lone_stages``), and None while another
         stretch runs and the stage's partitions are busy: the interpreter then waits rather
         than falling back to ordinary tasks (which would keep a compute loop out of fused mode
         for good). Waiting cannot deadlock: everything emitted so far, on every worker, can
@@ -507,6 +560,8 @@ class WorkerState:
         idxs = self.local[g]
         if not idxs:
             return False
+        if st0.id in self.lone_stages and len(self._stretch(g, 2)[0]) == 1:
+            return False  # long tasks between communications: see stretch_timed
         if self.fused_live and not self._quiet(st0, idxs):
             if len(idxs) > 1 or len(self._stretch(g, 2)[0]) > 1:
                 return None
@@ -721,6 +776,10 @@ FUSE_TARGET = 5e-3
 FUSE_MIN_INSTANCES = 8
 FUSE_MAX = 2e-2
 MAX_FUSED = 1 << 16
+# A one-instance stretch of tasks this long is not worth fusing (see WorkerState.stretch_timed):
+# a lone task costs ~5 µs more, <= 10% of such a task, while the fused stretch delays the sends
+# of every partition but the last by the other kernels (LR 20K: ~130 µs an iteration).
+LONE_TASK_S = 5e-5
 
 
 def stretch_budget(per_task_s: float, rows: int) -> int:
