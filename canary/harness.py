@@ -128,8 +128,9 @@ def run_local(
         last_arrival[key] = t
         push(t, msg.dest, m)
 
-    for w, st in enumerate(states):  # as worker.runtime does: messages leave when decided
-        st.send_now = partial(send, w + 1)
+    for w, st in enumerate(states):  # as worker.runtime does: messages leave when decided,
+        st.send_now = partial(send, w + 1)  # and emission pauses for a loop body's scatter
+        st.pause_for_sends = True
 
     def apply_worker(w: int, instrs: list[Any]) -> None:
         for ins in instrs:
@@ -137,6 +138,11 @@ def run_local(
                 ready[w].append(ins)
             else:
                 send(w + 1, ins)
+        # A paused interpreter resumes at the latest when nothing is ready (the runtime's rule
+        # is "once the urgent tasks have run"; a random earlier resume covers every order).
+        if states[w].paused and (not ready[w] or rng.random() < 0.5):
+            apply_worker(w, states[w].resume())
+            return
         maybe_start(w)
 
     def maybe_start(w: int) -> None:
