@@ -32,7 +32,10 @@ For each app and size, in one run:
   (``System.nanoTime``; GraphX, which runs every iteration in one call, as
   ``(T(2 + K) - T(2)) / K``), and each answer is checked against numpy (``"correct"``).
 
-Each peer's seconds over canary's is ``speedup_vs_<peer>`` in the app's row. Every canary run
+Canary and the bound are each measured ``--repeats`` times (default 2), interleaved; the row
+compares the fastest of each (``canary_s_runs`` and ``numba_s_runs`` keep them all) and reports
+the largest peak memory. Each peer's seconds over canary's is ``speedup_vs_<peer>`` in the
+app's row. Every canary run
 and bound is measured before the first peer starts: pyspark's JVM outlives its SparkContext,
 and measurements taken beside it were up to 2x slower.
 
@@ -564,9 +567,15 @@ def main(argv: list[str] | None = None) -> int:
                          "every size")
     ap.add_argument("--trace", default=None, help="Chrome trace of the canary runs (JSON)")
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="canary runs and bound timings per size, interleaved (default 2, 1 "
+                         "with --quick); the fastest of "
+                         "each is compared (the machine's load comes in bursts), the largest "
+                         "peak memory reported")
     args = ap.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
     iters = args.iters or (5 if args.quick else 12)
+    args.repeats = args.repeats or (1 if args.quick else 2)
     W = args.workers
     print(json.dumps({"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                   "numba": numba.__version__, "workers": W,
@@ -584,37 +593,46 @@ def main(argv: list[str] | None = None) -> int:
             gen = ",".join(str(v) for v in size)
             row: dict[str, Any] = {"app": app, "size": gen, "workers": W}
             data = _data(app, size, tmpdir.name)
-            if app == "logistic_regression":
-                bound = bound_lr(size[0], size[1], W, iters)
-            elif app == "kmeans":
-                bound = bound_kmeans(size[0], size[1], size[2], W, iters, data[1])
-            else:
-                bound = bound_pagerank(size[0], size[1], W, iters)
+            trace = f"{args.trace}.{app}.{gen.replace(',', 'x')}.json" if args.trace else None
+            bounds, gots = [], []
+            for r in range(args.repeats):  # interleaved, so that a burst of load hits both
+                if app == "logistic_regression":
+                    bounds.append(bound_lr(size[0], size[1], W, iters))
+                elif app == "kmeans":
+                    bounds.append(bound_kmeans(size[0], size[1], size[2], W, iters, data[1]))
+                else:
+                    bounds.append(bound_pagerank(size[0], size[1], W, iters))
+                gots.append(run_canary(app, data, W, iters, _extra(app), args.timeout,
+                                       trace if r == 0 else None))
+            bound = min(bounds, key=lambda b: b["seconds"])
+            timed = [g for g in gots if g["seconds"]]
+            got = min(timed, key=lambda g: g["seconds"]) if timed else gots[0]
+            mem = max(gots, key=lambda g: g["peak_rss_mb"] or 0.0)  # memory: the worst run
+            row["numba_s_runs"] = [b["seconds"] for b in bounds]
+            row["canary_s_runs"] = [g["seconds"] for g in gots]
             row["numba_s"] = bound["seconds"]
             row["numba_s_by_threads"] = {k.split("_")[1]: v for k, v in bound.items()
                                          if k.startswith("seconds_")}
             if "scipy_csr_seconds" in bound:
                 row["scipy_csr_s"] = bound["scipy_csr_seconds"]
-            trace = f"{args.trace}.{app}.{gen.replace(',', 'x')}.json" if args.trace else None
-            got = run_canary(app, data, W, iters, _extra(app), args.timeout, trace)
             row["canary_s"] = got["seconds"]
             row["canary_iterations"] = got["iterations"]
             row["canary_vs_numba"] = (round(got["seconds"] / bound["seconds"], 3)
                                       if got["seconds"] else None)
-            row["peak_rss_mb"] = got["peak_rss_mb"]
-            row["peak_rss_mb_by_worker"] = got["peak_rss_mb_by_worker"]
+            row["peak_rss_mb"] = mem["peak_rss_mb"]
+            row["peak_rss_mb_by_worker"] = mem["peak_rss_mb_by_worker"]
             row["baseline_rss_mb"] = base
-            row["end_rss_mb_by_worker"] = got["end_rss_mb_by_worker"]
-            row["partition_mb_by_worker"] = got["partition_mb_by_worker"]
+            row["end_rss_mb_by_worker"] = mem["end_rss_mb_by_worker"]
+            row["partition_mb_by_worker"] = mem["partition_mb_by_worker"]
             row["data_mb_per_worker"] = round(bound["data_bytes"] / W / 2**20, 1)
-            if got["peak_rss_mb"] and base:
+            if mem["peak_rss_mb"] and base:
                 row["memory_vs_partitions"] = round(
-                    (got["peak_rss_mb"] - base) / max(row["data_mb_per_worker"], 1e-9), 2)
+                    (mem["peak_rss_mb"] - base) / max(row["data_mb_per_worker"], 1e-9), 2)
                 # Each worker's peak above the runtime's footprint over the bytes of the arrays
                 # that worker holds in its partitions at the end (benchmarks/peak_rss.py); the
                 # worst worker counts. ``memory_vs_partitions`` divides by the bound's data / W.
                 ratios = [(pk - base) / held for pk, held in
-                          zip(got["peak_rss_mb_by_worker"], got["partition_mb_by_worker"]) if held]
+                          zip(mem["peak_rss_mb_by_worker"], mem["partition_mb_by_worker"]) if held]
                 if ratios:
                     row["memory_vs_held"] = round(max(ratios), 2)
             row["canary_summary"] = {k: got["summary"].get(k) for k in
