@@ -46,6 +46,18 @@ _ROW_MATH = {"reassoc", "nsz", "contract"}
 _LOSS_BLOCK = 512  # rows whose (1 + e^-|z|) factors multiply without overflow: 2^512 < DBL_MAX
 
 
+@numba.njit(cache=True, fastmath=_ROW_MATH, inline="always")
+def _row_terms(z: float, y: float) -> tuple[float, float, float]:
+    """For one row with margin z: (sigmoid(z) - y, max(z, 0) - y z, 1 + e^-|z|). The sigmoid is
+    computed without a branch on the sign of z (random signs made a branch mispredict on
+    every other row), stably for either sign."""
+    ez = math.exp(-abs(z))
+    q = 1.0 + ez
+    s = 1.0 / q
+    p = s if z >= 0.0 else ez * s
+    return p - y, max(z, 0.0) - y * z, q
+
+
 @numba.njit(cache=True, fastmath=_ROW_MATH)
 def gradient_kernel(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Sums over the partition's rows: [gradient of log-loss (D), log-loss, row count].
@@ -53,28 +65,44 @@ def gradient_kernel(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     The log-loss of a row is max(z, 0) - y z + log(1 + e^-|z|). Its log term is summed as the
     log of the product of each block of ``_LOSS_BLOCK`` factors (each in (1, 2], so no overflow
     or underflow): one ``log`` per block instead of a ``log1p`` per row, which was half of
-    the kernel's time; the relative error stays ~1e-14. The sigmoid is computed without a
-    branch on the sign of z (random signs made that branch mispredict on every other row).
+    the kernel's time; the relative error stays ~1e-14. Rows go four at a time: four
+    independent dot products and one read-modify-write of the gradient per four rows (a row
+    at a time, the short length-d loops' latency, not memory, bounded the kernel: 22 -> 15 ns
+    a row on this VM, whose two cores stream ~30 GB/s).
     """
     n, d = X.shape
     out = np.zeros(d + 3)
     linear = 0.0
     logs = 0.0
     block = 1.0
-    for i in range(n):
-        z = float(w[d])
+    n4 = n - n % 4
+    for i in range(0, n4, 4):
+        z0 = z1 = z2 = z3 = float(w[d])
         for j in range(d):
-            z += float(X[i, j] * w[j])
-        ez = math.exp(-abs(z))
-        q = 1.0 + ez
-        s = 1.0 / q
-        p = s if z >= 0.0 else ez * s  # sigmoid(z), stable for either sign
-        linear += max(z, 0.0) - y[i] * z
-        block *= q
-        if i % _LOSS_BLOCK == _LOSS_BLOCK - 1:
+            wj = w[j]
+            z0 += X[i, j] * wj
+            z1 += X[i + 1, j] * wj
+            z2 += X[i + 2, j] * wj
+            z3 += X[i + 3, j] * wj
+        r0, l0, q0 = _row_terms(z0, y[i])
+        r1, l1, q1 = _row_terms(z1, y[i + 1])
+        r2, l2, q2 = _row_terms(z2, y[i + 2])
+        r3, l3, q3 = _row_terms(z3, y[i + 3])
+        linear += (l0 + l1) + (l2 + l3)
+        block *= (q0 * q1) * (q2 * q3)
+        if i % _LOSS_BLOCK == _LOSS_BLOCK - 4:
             logs += math.log(block)
             block = 1.0
-        r = p - y[i]
+        for j in range(d):
+            out[j] += (r0 * X[i, j] + r1 * X[i + 1, j]) + (r2 * X[i + 2, j] + r3 * X[i + 3, j])
+        out[d] += (r0 + r1) + (r2 + r3)
+    for i in range(n4, n):  # at most 3 rows: the block product stays below 2^515
+        z = float(w[d])
+        for j in range(d):
+            z += X[i, j] * w[j]
+        r, lin, q = _row_terms(z, y[i])
+        linear += lin
+        block *= q
         for j in range(d):
             out[j] += r * X[i, j]
         out[d] += r

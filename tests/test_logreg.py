@@ -95,11 +95,12 @@ def test_bad_arguments_are_refused() -> None:
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 40.0])
 def test_gradient_kernel_matches_numpy_across_loss_blocks(scale: float) -> None:
-    # 1,300 rows span two full loss blocks and a partial one. Near z = 0 every (1 + e^-|z|)
-    # factor is ~2, so a block product that were never reset would overflow past 1,024 rows;
-    # at scale 40 most factors are 1 and the sigmoid takes both sign branches at saturation.
+    # 1,303 rows span two full loss blocks, a partial one and 3 rows past the last group of
+    # four. Near z = 0 every (1 + e^-|z|) factor is ~2, so a block product that were never
+    # reset would overflow past 1,024 rows; at scale 40 most factors are 1 and the sigmoid
+    # takes both sign branches at saturation.
     rng = np.random.default_rng(7)
-    n, d = 1_300, 6
+    n, d = 1_303, 6
     X = rng.standard_normal((n, d))
     y = (rng.random(n) < 0.5).astype(float)
     w = rng.standard_normal(d + 1) * scale
