@@ -10,8 +10,9 @@ it saw the message, and its own CPU time over the run. Variants:
 * ``sleep_only``: the worker's back-off before this benchmark (200 quick polls, then sleeps
   of 20 µs doubling to 250 µs) with Linux's default 50 µs timer slack;
 * ``tight_slack``: the same with 1 µs timer slack (``canary.idle.tight_timer_slack``);
-* ``spin_1ms``: also polling hot for 1 ms after each message (``spin_s``): what a worker does
-  when every worker has a core (``canary.idle.workers_fit_cores``);
+* ``spin_1ms``: also polling hot for 1 ms after each message (``spin_s``): what a worker did
+  when every worker has a core (``canary.idle.workers_fit_cores``) until the default became
+  50 ms (``worker.runtime.SPIN_S``);
 * ``spin_always``: polling hot all the time, the floor (a core at 100%).
 
 It also times what encoding costs at the two ends of a hop: pickling and unpickling a piece or
@@ -19,7 +20,7 @@ a signal as a dataclass against ``canary.wire``'s tuples (in this process).
 
 With ``--apps``, it also times small app runs where hops dominate an iteration (logistic
 regression 20K x 20, the README's example size; PageRank on 2^14 vertices), on 2 workers with
-hot polling off (``CANARY_SPIN_US=0``) and on (the default), interleaved, ``--reps`` times each;
+hot polling off (``CANARY_SPIN_US=0``) and for 1 ms, interleaved, ``--reps`` times each;
 iteration times come from the workers' traces (``benchmarks/apps.py``'s ``run_canary``).
 
 Every line is JSON; the last is the summary (median latency and CPU fraction per variant, and
