@@ -20,7 +20,8 @@ a signal as a dataclass against ``canary.wire``'s tuples (in this process).
 
 With ``--apps``, it also times small app runs where hops dominate an iteration (logistic
 regression 20K x 20, the README's example size; PageRank on 2^14 vertices), on 2 workers with
-hot polling off (``CANARY_SPIN_US=0``) and for 1 ms, interleaved, ``--reps`` times each;
+hot polling off (``CANARY_SPIN_US=0``), for 1 ms and for 50 ms (the default), interleaved,
+``--reps`` times each (``--app-size`` runs an app at another size);
 iteration times come from the workers' traces (``benchmarks/apps.py``'s ``run_canary``).
 
 Every line is JSON; the last is the summary (median latency and CPU fraction per variant, and
@@ -113,16 +114,18 @@ APP_RUNS = {  # app: (size, iterations); quick: tiny sizes
     "logistic_regression": (("20000,20", 100), ("2000,8", 8)),
     "pagerank": (("16384,160000", 60), ("1024,8000", 8)),
 }
-SPIN_VARIANTS = {"spin_off": "0", "spin_1ms": "1000"}
+SPIN_VARIANTS = {"spin_off": "0", "spin_1ms": "1000", "spin_50ms": "50000"}
 
 
-def app_runs(reps: int, quick: bool, timeout: int) -> list[dict[str, Any]]:
-    """Per-iteration time of small app runs with hot polling off and on, interleaved."""
+def app_runs(reps: int, quick: bool, timeout: int,
+             sizes: dict[str, tuple[str, int]] | None = None) -> list[dict[str, Any]]:
+    """Per-iteration time of app runs for each hot-polling variant, interleaved; ``sizes``
+    (app: (size, iterations)) replaces the default sizes of the apps it names."""
     import benchmarks.apps as bench_apps
 
     rows = []
     for app, (full, small) in APP_RUNS.items():
-        size, iters = small if quick else full
+        size, iters = small if quick else (sizes or {}).get(app, full)
         for rep in range(reps):
             for variant, spin_us in SPIN_VARIANTS.items():
                 got = bench_apps.run_canary(app, ["--generate", size], 2, iters,
@@ -176,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--apps", action="store_true",
                     help="also time small app runs with hot polling off and on")
     ap.add_argument("--reps", type=int, default=4, help="app runs per variant (--apps)")
+    ap.add_argument("--app-size", action="append", default=[], metavar="APP=N,D:ITERS",
+                    help="with --apps: run APP at this size, e.g. "
+                         "logistic_regression=4000000,20:12 (repeatable)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -209,7 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         "codec_us": {r["codec"]: [r["pickled_dataclass_us"], r["wire_tuple_us"]] for r in codecs},
     }
     if args.apps:
-        runs = app_runs(1 if args.quick else args.reps, args.quick, args.timeout)
+        sizes = {}
+        for spec in args.app_size:
+            try:
+                app, rest = spec.split("=", 1)
+                size, iters = rest.rsplit(":", 1)
+                sizes[app] = (size, int(iters))
+            except ValueError:
+                ap.error(f"--app-size {spec!r}: expected APP=N,D:ITERS")
+            if app not in APP_RUNS:
+                ap.error(f"--app-size {spec!r}: APP must be one of {sorted(APP_RUNS)}")
+        runs = app_runs(1 if args.quick else args.reps, args.quick, args.timeout, sizes)
         summary["app_iteration_ms"] = {
             f"{r['app']}@{r['size']}": {
                 v: round(statistics.median(x["iteration_ms"] for x in runs

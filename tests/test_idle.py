@@ -102,7 +102,8 @@ def test_hop_latency_benchmark_delivers_every_message_in_order() -> None:
     # the app runs: both apps, hot polling off and on, each with a measured iteration time
     runs = [r for r in rows if "app" in r]
     assert {(r["app"], r["variant"]) for r in runs} == {
-        (a, v) for a in ("logistic_regression", "pagerank") for v in ("spin_off", "spin_1ms")}
+        (a, v) for a in ("logistic_regression", "pagerank")
+        for v in ("spin_off", "spin_1ms", "spin_50ms")}
     assert all(r["iterations"] == 8 and r["iteration_ms"] > 0 for r in runs)
     assert set(rows[-1]["app_iteration_ms"]) == {"logistic_regression@2000,8",
                                                  "pagerank@1024,8000"}
