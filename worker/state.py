@@ -178,9 +178,9 @@ class WorkerState:
     workers would otherwise wait through.
 
     If ``pause_for_sends`` is set, the interpreter stops emitting right after a stage instance
-    that made a task of a ``K_SENDS`` kind runnable (a broadcast's scatter at the top of a loop
-    body) and sets ``paused``: the runtime runs that task, so its message leaves, then calls
-    ``resume()`` for the rest. The runtime must call ``resume()`` whenever ``paused`` is set
+    that made a scatter task runnable (a broadcast's scatter at the top of a loop body) and sets
+    ``paused``: the runtime runs that task, so its message leaves, then calls ``resume()`` for
+    the rest. The runtime must call ``resume()`` whenever ``paused`` is set
     and no such task is waiting, or the program stalls; ``handle`` also resumes.
     """
 
