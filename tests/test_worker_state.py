@@ -20,8 +20,10 @@ from worker.state import (
     K_SCATTER,
     LONE_TASK_S,
     MAX_FUSED,
+    URGENT_MAX_BYTES,
     RunTask,
     WorkerState,
+    is_urgent,
     stretch_budget,
 )
 
@@ -362,3 +364,25 @@ def test_pause_for_sends_runs_a_loop_body_broadcast_before_emitting_the_rest() -
     assert {t.stage.name for t in st.tasks.values()} == {t.stage.name for t in plain.tasks.values()}
     assert st.seq == plain.seq
     st.validate_state()
+
+
+def test_signals_and_small_scatters_are_urgent_large_scatters_and_compute_are_not() -> None:
+    p = Program("sizes")
+    small, big, s = p.dataset("small", 1), p.dataset("big", 1), p.dataset("s", 1)
+    p.load([small, big], lambda i, n: (np.zeros(8), np.zeros(URGENT_MAX_BYTES // 8 + 1)))
+    p.reduce(small, s, name="r_small")
+    p.reduce(big, s, name="r_big")
+    p.compute(lambda x: x, [small], [small], name="c")
+    st = WorkerState(p.finalize(), 0, 1, max_fused=0)
+    st.start()
+    load = only_task(st.handle(Placement(1, PartitionMap.initial([1, 1, 1], 1))))
+    st.handle(TaskDone(0, load, (np.zeros(8), np.zeros(URGENT_MAX_BYTES // 8 + 1))))
+    by_name = {(t.stage.name, t.kind): t for t in st.tasks.values()}
+    assert is_urgent(by_name[("r_small", K_SCATTER)])
+    assert not is_urgent(by_name[("r_big", K_SCATTER)])  # 64 KB + 8 bytes
+    assert not is_urgent(by_name[("c", K_COMPUTE)])
+    assert not is_urgent(by_name[("r_small", K_GATHER)])
+    sig = while_program()
+    st2, out = placed(sig, worker=0)
+    sig_task = only_task(st2.handle(TaskDone(1, only_task(out), (np.zeros(1),))))
+    assert sig_task.kind == "signal" and is_urgent(sig_task)

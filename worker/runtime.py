@@ -16,7 +16,7 @@ from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
-from worker.state import K_FUSED, K_SENDS, RunTask, Task, WorkerState
+from worker.state import K_COMPUTE, K_FUSED, RunTask, Task, WorkerState, is_urgent
 
 POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
 MAX_BATCH = 64
@@ -45,7 +45,7 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
                         int(env_number("CANARY_MAX_FUSED", 1024, integer=True)))
     tx = MpiTransport(comm)
     runq: deque[Task] = deque()
-    urgent: deque[Task] = deque()  # runnable tasks of the K_SENDS kinds: they run first
+    urgent: deque[Task] = deque()  # runnable tasks that is_urgent: they run first
     # With a core per worker, poll hot for SPIN_S after each burst of work: the message a worker
     # waits for (a piece, a signal) usually comes within that, and is then seen at once rather
     # than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
@@ -77,7 +77,7 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
     def apply(instrs: list[Any]) -> None:
         for ins in instrs:
             if type(ins) is RunTask:
-                (push_urgent if ins.task.kind in K_SENDS else push)(ins.task)
+                (push_urgent if is_urgent(ins.task) else push)(ins.task)
             else:
                 assert isinstance(ins, Send)
                 send(ins.dest, ins.message)
@@ -126,7 +126,7 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
                 for ins in handle(ev):
                     if type(ins) is RunTask:
                         t = ins.task
-                        if t.kind in K_SENDS:
+                        if t.kind is not K_COMPUTE and is_urgent(t):
                             push_urgent(t)
                         else:
                             push(t)
