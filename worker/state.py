@@ -433,16 +433,13 @@ class WorkerState:
                         continue
                     if fused is None:  # the next stretch waits for the running one
                         break
-                if st.kind == SCATTER_GATHER and self.pause_for_sends:
-                    n0 = len(out)
-                    self._emit(st, out)
-                    self.pc += 1
-                    if any(type(i) is RunTask and is_urgent(i.task) for i in out[n0:]):
-                        self.paused = True
-                        break
-                    continue
+                n0 = len(out)
                 self._emit(st, out)
                 self.pc += 1
+                if (self.pause_for_sends and st.kind == SCATTER_GATHER
+                        and any(type(i) is RunTask and is_urgent(i.task) for i in out[n0:])):
+                    self.paused = True
+                    break
             elif code in _LOOP_CONTROL:
                 self.pc = loop_control(op, self.pc, counters)
             elif code == OP_WHILE:
