@@ -37,13 +37,19 @@ def reduce_program() -> tuple[Program, int]:
     return p.finalize(), s.id
 
 
-def placed(p: Program, worker: int, n_workers: int = 2) -> tuple[WorkerState, list]:
-    st = WorkerState(p, worker, n_workers)
+def placed(p: Program, worker: int, n_workers: int = 2, **state: int) -> tuple[WorkerState, list]:
+    """A started WorkerState (``state``: its window, max_fused) after the initial placement,
+    and what that placement caused."""
+    st = WorkerState(p, worker, n_workers, **state)
     hello = st.start()
     assert len(hello) == 1 and hello[0].dest == 0 and isinstance(hello[0].message, Hello)
     assert hello[0].message.digest == p.digest
     m = PartitionMap.initial([g[0].partitions for g in p.groups], n_workers)
     return st, st.handle(Placement(1, m))
+
+
+def fused_tasks(st: WorkerState) -> list:
+    return [t for t in st.tasks.values() if t.kind == K_FUSED]
 
 
 def only_task(instrs: list) -> object:
@@ -195,7 +201,7 @@ def test_compute_only_loop_runs_as_one_fused_stretch() -> None:
     st.start()
     load = only_task(st.handle(Placement(1, PartitionMap.initial([3], 1)))[:1])
     # One fused task stands for all 20 instances on the 3 partitions, queued behind the loads.
-    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    fused = fused_tasks(st)
     assert len(fused) == 1 and fused[0].waiting > 0
     stretch = fused[0].stretch
     assert [(s.name, seq, it) for s, seq, it in stretch.instances[:3]] == [
@@ -220,11 +226,8 @@ def test_compute_only_loop_runs_as_one_fused_stretch() -> None:
 
 
 def test_fused_stretches_respect_max_fused_and_wait_for_each_other() -> None:
-    p = compute_loop(parts=2, iters=10)
-    st = WorkerState(p, 0, 1, max_fused=8)
-    st.start()
-    st.handle(Placement(1, PartitionMap.initial([2], 1)))
-    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    st, _ = placed(compute_loop(parts=2, iters=10), 0, 1, max_fused=8)
+    fused = fused_tasks(st)
     # 8 tasks = 4 instances on 2 partitions; the next instance waits for that stretch instead
     # of being emitted as ordinary tasks.
     assert len(fused) == 1 and fused[0].stretch.tasks == 8
@@ -287,10 +290,8 @@ def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
         p.broadcast(w, a)
         p.compute(lambda x: x + 1, [a], [a], name="inc")
         p.reduce(a, s)
-    st = WorkerState(p.finalize(), 0, 1, window=1000)
-    st.start()
-    st.handle(Placement(1, PartitionMap.initial([3, 1, 1], 1)))
-    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    st, _ = placed(p.finalize(), 0, 1, window=1000)
+    fused = fused_tasks(st)
     # the next iterations' stretches wait for this one (fused_live)
     assert len(fused) == 1 and len(fused[0].stretch.instances) == 1
     inc = fused[0].stretch.instances[0][0].id
@@ -304,7 +305,7 @@ def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
     # A fresh interpreter that has learnt the same emits every iteration's inc as ordinary
     # tasks, without waiting for anything.
     st2 = WorkerState(p.finalize(), 0, 1, window=1000)
-    st2.lone_stages.add(inc)
+    st2.lone_stages.add(inc)  # before the placement, which emits the loop
     st2.start()
     st2.handle(Placement(1, PartitionMap.initial([3, 1, 1], 1)))
     kinds = [t.kind for t in st2.tasks.values() if t.stage.name == "inc"]
@@ -313,11 +314,8 @@ def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
 
 
 def test_stretch_timed_keeps_fusing_multi_instance_stretches_of_long_tasks() -> None:
-    p = compute_loop(parts=2, iters=10)
-    st = WorkerState(p, 0, 1, max_fused=1000)
-    st.start()
-    st.handle(Placement(1, PartitionMap.initial([2], 1)))
-    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    st, _ = placed(compute_loop(parts=2, iters=10), 0, 1, max_fused=1000)
+    fused = fused_tasks(st)
     st.stretch_timed(fused[0], 40 * 1e-3)  # 1 ms tasks, but no communication between them
     assert not st.lone_stages
     assert st.max_fused == stretch_budget(1e-3, 2)
