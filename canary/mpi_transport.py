@@ -28,6 +28,9 @@ class MpiTransport:
 
     ``send`` never blocks and never lets the caller's array be modified under an in-flight
     send: large arrays are copied once into a send buffer kept alive until MPI is done with it.
+    Buffers are released by ``progress``, which ``send`` itself calls: a worker that never runs
+    out of tasks (so never reaches its idle loop's ``progress``) still holds only the sends
+    still in flight, not every buffer since it was last idle.
     """
 
     def __init__(self, comm: MPI.Comm) -> None:
@@ -39,6 +42,8 @@ class MpiTransport:
 
     def send(self, dest: int, msg: Any) -> None:
         self.sent += 1
+        if self._pending:
+            self.progress()
         payload, buf = pack(msg, INLINE_BYTES)
         if buf is None:
             self._pending.append((self.comm.isend(payload, dest, TAG_CTRL),))
@@ -46,6 +51,11 @@ class MpiTransport:
         r1 = self.comm.isend(payload, dest, TAG_CTRL)
         r2 = self.comm.Isend(buf, dest, TAG_BUF)
         self._pending.append((r1, r2, buf))
+
+    @property
+    def in_flight(self) -> int:
+        """Sends whose buffers are still held (not yet released by ``progress``)."""
+        return len(self._pending)
 
     def poll(self) -> tuple[int, Any] | None:
         """Return (source rank, message) if one has arrived, else None; never blocks long."""
