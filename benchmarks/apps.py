@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -585,11 +586,13 @@ def main(argv: list[str] | None = None) -> int:
     pending: list[tuple[dict[str, Any], list[tuple[str, Callable[[], dict[str, Any]]]]]] = []
     tmpdir = tempfile.TemporaryDirectory()
     for app in args.apps.split(","):
-        # The runtime's own footprint per worker: the same app at a tiny size, the smaller of two
-        # runs (on a cold numba cache the first one compiles, and compiling takes memory the
-        # timed run, which finds the cache warm, does not: that would shrink the ratios).
-        base = min(run_canary(app, _data(app, QUICK_SIZES[app][0], tmpdir.name), W, 3,
-                              _extra(app), args.timeout, None)["peak_rss_mb"] for _ in range(2))
+        # The runtime's own footprint per worker: the same app at a tiny size, the median of three
+        # runs. On a cold numba cache the first one compiles, and compiling takes memory the
+        # timed run, which finds the cache warm, does not (that would shrink the ratios); warm
+        # runs still differ by ~3 MB, a third of PageRank 2^17's held bytes, so not the smallest.
+        base = statistics.median(
+            run_canary(app, _data(app, QUICK_SIZES[app][0], tmpdir.name), W, 3, _extra(app),
+                       args.timeout, None)["peak_rss_mb"] for _ in range(3))
         for size in sizes[app]:
             gen = ",".join(str(v) for v in size)
             row: dict[str, Any] = {"app": app, "size": gen, "workers": W}
