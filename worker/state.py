@@ -708,14 +708,17 @@ class WorkerState:
         owners = self.map.owners[g]
         versions = self.map.versions[g]
         targets = st.targets[task.part]
+        # Remote pieces leave before local ones are delivered: another worker waits on them,
+        # while delivering a local one only makes a gather runnable here (a broadcast used to
+        # deliver to its 4 local partitions first, then send to the other worker).
+        local: list[tuple[int, np.ndarray]] = []
         if st.one_piece:
             by_worker: dict[int, list[int]] = {}
             for j in targets:
                 by_worker.setdefault(owners[j], []).append(j)
             for w, js in by_worker.items():
                 if w == self.worker:
-                    for j in js:
-                        self._deliver(task.seq, j, task.part, res, out)
+                    local.extend((j, res) for j in js)
                 else:
                     self._send_out(worker_rank(w), Piece(self._next_eid(), task.seq, st.dst.id, task.part,
                                                          tuple(js), tuple(versions[j] for j in js),
@@ -724,10 +727,12 @@ class WorkerState:
             for j, piece in zip(targets, res):
                 w = owners[j]
                 if w == self.worker:
-                    self._deliver(task.seq, j, task.part, piece, out)
+                    local.append((j, piece))
                 else:
                     self._send_out(worker_rank(w), Piece(self._next_eid(), task.seq, st.dst.id, task.part,
                                                          (j,), (versions[j],), piece), out)
+        for j, piece in local:
+            self._deliver(task.seq, j, task.part, piece, out)
 
     def _deliver(self, seq: int, j: int, src: int, array: np.ndarray, out: list[Any]) -> None:
         t = self.gathers.get((seq, j))
