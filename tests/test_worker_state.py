@@ -384,3 +384,29 @@ def test_signals_and_small_scatters_are_urgent_large_scatters_and_compute_are_no
     st2, out = placed(sig, worker=0)
     sig_task = only_task(st2.handle(TaskDone(1, only_task(out), (np.zeros(1),))))
     assert sig_task.kind == "signal" and is_urgent(sig_task)
+
+
+def test_a_scatter_sends_remote_pieces_before_delivering_local_ones() -> None:
+    # The other worker waits on the remote piece; a local delivery only makes a gather runnable.
+    p = Program("bcast")
+    w, a = p.dataset("w", 1), p.dataset("a", 4)
+    p.load([w], lambda i, n: np.ones(2))
+    p.load([a], lambda i, n: np.zeros(2))
+    p.broadcast(w, a)
+    p.report(a)
+    p.finalize()
+    st, out = placed(p, worker=0)
+    todo = [i.task for i in out if isinstance(i, RunTask)]
+    while todo:
+        t = todo.pop(0)
+        ev = run_task(st, t)
+        got = st.handle(ev)
+        if t.kind == K_SCATTER:
+            kinds = ["send" if isinstance(i, Send) else i.task.kind for i in got]
+            assert "send" in kinds and K_GATHER in kinds, kinds
+            assert kinds.index(K_GATHER) > max(k for k, v in enumerate(kinds) if v == "send")
+            piece = next(i.message for i in got if isinstance(i, Send))
+            assert isinstance(piece, Piece) and all(st.map.owner(p.group_of(a), j) == 1 for j in piece.dsts)
+            return
+        todo += [i.task for i in got if isinstance(i, RunTask)]
+    raise AssertionError("the broadcast's scatter never ran on worker 0")
