@@ -146,4 +146,4 @@ def test_a_busy_sender_releases_completed_send_buffers() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = summary(proc.stdout)
     assert out["sent"] == 31
-    assert out["in_flight"] <= 2, out  # the last send (header + buffer), not all 31
+    assert out["in_flight"] <= 2, out  # the last send (maybe one more not yet seen done), not 31
