@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -55,6 +58,20 @@ def fused_tasks(st: WorkerState) -> list:
 def only_task(instrs: list) -> object:
     assert len(instrs) == 1 and isinstance(instrs[0], RunTask), instrs
     return instrs[0].task
+
+
+def finish_until(st: WorkerState, instrs: list, kind: str,
+                 finish: Callable[[Any], TaskDone]) -> list:
+    """Finish the runnable tasks in order (``finish(task)`` is each one's TaskDone) until a
+    task of ``kind`` has finished; return what that caused."""
+    todo = [i.task for i in instrs if isinstance(i, RunTask)]
+    while todo:
+        t = todo.pop(0)
+        got = st.handle(finish(t))
+        if t.kind == kind:
+            return got
+        todo += [i.task for i in got if isinstance(i, RunTask)]
+    raise AssertionError(f"no {kind} task ran")
 
 
 def test_sender_side_of_a_reduce() -> None:
@@ -340,15 +357,9 @@ def test_pause_for_sends_runs_a_loop_body_broadcast_before_emitting_the_rest() -
         st = WorkerState(body_program(), 0, 1, max_fused=0)
         st.pause_for_sends = pause
         st.start()
-        todo = [i.task for i in st.handle(Placement(1, PartitionMap.initial([1, 2, 1], 1)))
-                if isinstance(i, RunTask)]
-        while todo:
-            t = todo.pop(0)
-            if t.kind == "signal":
-                return st, st.handle(TaskDone(0, t, True))
-            todo += [i.task for i in st.handle(TaskDone(0, t, (np.ones(1),)))
-                     if isinstance(i, RunTask)]
-        raise AssertionError("no loop test ran")
+        placed_out = st.handle(Placement(1, PartitionMap.initial([1, 2, 1], 1)))
+        return st, finish_until(st, placed_out, "signal", lambda t: TaskDone(
+            0, t, True if t.kind == "signal" else (np.ones(1),)))
 
     plain, _ = at_signal(pause=False)
     assert not plain.paused and "inc" in {t.stage.name for t in plain.tasks.values()}
@@ -396,17 +407,9 @@ def test_a_scatter_sends_remote_pieces_before_delivering_local_ones() -> None:
     p.report(a)
     p.finalize()
     st, out = placed(p, worker=0)
-    todo = [i.task for i in out if isinstance(i, RunTask)]
-    while todo:
-        t = todo.pop(0)
-        ev = run_task(st, t)
-        got = st.handle(ev)
-        if t.kind == K_SCATTER:
-            kinds = ["send" if isinstance(i, Send) else i.task.kind for i in got]
-            assert "send" in kinds and K_GATHER in kinds, kinds
-            assert kinds.index(K_GATHER) > max(k for k, v in enumerate(kinds) if v == "send")
-            piece = next(i.message for i in got if isinstance(i, Send))
-            assert isinstance(piece, Piece) and all(st.map.owner(p.group_of(a), j) == 1 for j in piece.dsts)
-            return
-        todo += [i.task for i in got if isinstance(i, RunTask)]
-    raise AssertionError("the broadcast's scatter never ran on worker 0")
+    got = finish_until(st, out, K_SCATTER, lambda t: run_task(st, t))
+    kinds = ["send" if isinstance(i, Send) else i.task.kind for i in got]
+    assert "send" in kinds and K_GATHER in kinds, kinds
+    assert kinds.index(K_GATHER) > max(k for k, v in enumerate(kinds) if v == "send")
+    piece = next(i.message for i in got if isinstance(i, Send))
+    assert isinstance(piece, Piece) and all(st.map.owner(p.group_of(a), j) == 1 for j in piece.dsts)
