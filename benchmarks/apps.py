@@ -35,9 +35,8 @@ For each app and size, in one run:
 Canary and the bound are each measured ``--repeats`` times (default 2), interleaved; the row
 compares the fastest of each (``canary_s_runs`` and ``numba_s_runs`` keep them all) and reports
 the largest peak memory. Each peer's seconds over canary's is ``speedup_vs_<peer>`` in the
-app's row. Every canary run
-and bound is measured before the first peer starts: pyspark's JVM outlives its SparkContext,
-and measurements taken beside it were up to 2x slower.
+app's row. Every canary run and bound is measured before the first peer starts: pyspark's
+JVM outlives its SparkContext, and measurements taken beside it were up to 2x slower.
 
 Every line printed is JSON; the last is the summary with the ratios.
 
@@ -570,9 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--repeats", type=int, default=None,
                     help="canary runs and bound timings per size, interleaved (default 2, 1 "
-                         "with --quick); the fastest of "
-                         "each is compared (the machine's load comes in bursts), the largest "
-                         "peak memory reported")
+                         "with --quick); the fastest of each is compared (the machine's load "
+                         "comes in bursts), the largest peak memory reported")
     args = ap.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
     # 20: single iterations on this VM move by up to 40%, and a 12-iteration mean still did

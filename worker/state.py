@@ -295,8 +295,9 @@ class WorkerState:
         """Learn from a fused ``task`` that took ``seconds``: size the next stretches
         (:func:`stretch_budget`), and if it was one stage instance (communication on both
         sides) of tasks of ``LONE_TASK_S`` or more (and not the stage's first such stretch),
-        emit that stage's later instances as ordinary tasks. Fusing them saved at most a few µs a task, but held every output back
-        until the last partition's kernel: the sends they feed left together at the end."""
+        emit that stage's later instances as ordinary tasks. Fusing them saved at most a few
+        µs a task, but held every output back until the last partition's kernel: the sends they
+        feed left together at the end."""
         stretch = task.stretch
         assert stretch is not None
         per_task = seconds / stretch.tasks
