@@ -127,6 +127,26 @@ def test_apps_quick_row_shape(app: str) -> None:
     assert summary["summary"] == "apps" and f"{app}@{row['size']}" in summary["canary_vs_numba"]
 
 
+def test_lr_floor_quick_matches_numpy_and_reports_ratios(tmp_path: Path) -> None:
+    # The hand-written MPI program (2 ranks, Allreduce) must end on the weights that plain
+    # gradient descent in numpy reaches: a floor that computed something else would be no floor.
+    from benchmarks.lr_floor import reference_weights
+
+    trace = tmp_path / "floor_trace.json"
+    rows = run_bench("lr_floor.py", "--quick", "--trace", str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]  # the canary run's Chrome trace
+    assert any(e.get("name") == "gradient_kernel" for e in events)
+    (row,) = [r for r in rows if "round" in r]
+    assert row["rows"] == 4000 and row["workers"] == 2
+    want = reference_weights(4000, 20, 5)
+    np.testing.assert_allclose(row["floor_weights"], want, rtol=1e-9, atol=1e-12)
+    assert min(row["numba_s"], row["mpi_floor_s"], row["canary_s"]) > 0
+    summary = rows[-1]
+    assert summary["summary"] == "lr_floor" and summary["rounds"] == 1
+    assert summary["canary_vs_mpi_floor"] == pytest.approx(
+        row["canary_s"] / row["mpi_floor_s"], rel=2e-3)
+
+
 def test_spark_jvm_sources_hash_and_skip_without_javac(monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path: Path) -> None:
     import shutil
