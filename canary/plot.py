@@ -4,16 +4,19 @@
     python benchmarks/apps.py > apps.jsonl
     python benchmarks/micropartition.py > micro.jsonl
     python benchmarks/hop_latency.py > hop.jsonl
-    canary plot sched.jsonl apps.jsonl micro.jsonl hop.jsonl --out docs/img
+    python benchmarks/lr_floor.py > floor.jsonl
+    canary plot sched.jsonl apps.jsonl micro.jsonl hop.jsonl floor.jsonl --out docs/img
 
 Each file's kind is read from its summary line (``"summary": "scheduler" | "apps" |
-"micropartition" | "hop_latency"``); the charts written are
+"micropartition" | "hop_latency" | "lr_floor"``); the charts written are
 
 * ``scheduler.png``: task rate per core and scheduling cost per task vs task length;
 * ``apps.png``: time per iteration of canary, the numba bound and the peers, per app and size;
 * ``micropartition.png``: iteration time and task rate vs partitions per core, per variance mode;
 * ``hop_latency.png``: how late an idle worker sees a message, and its CPU share, per back-off
-  (and small apps' iteration time per back-off, when run with ``--apps``).
+  (and small apps' iteration time per back-off, when run with ``--apps``);
+* ``lr_floor.png``: logistic regression's time per iteration per round: the numba bound, the
+  hand-written MPI floor and canary.
 
 Returns 0, or 2 with a message for a file that is missing or not a benchmark's output.
 """
@@ -175,8 +178,27 @@ def plot_hop_latency(rows: list[dict[str, Any]], out: str) -> str:
     return _save(fig, out, "hop_latency.png")
 
 
+def plot_lr_floor(rows: list[dict[str, Any]], out: str) -> str:
+    import matplotlib.pyplot as plt
+
+    rs = [r for r in rows if "round" in r]
+    series = (("numba_s", "numba bound (threads)"), ("mpi_floor_s", "hand-written MPI"),
+              ("canary_s", "canary"))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / len(series)
+    for k, (key, label) in enumerate(series):
+        ax.bar([i + (k - 1) * width for i in range(len(rs))], [1e3 * r[key] for r in rs],
+               width, label=label)
+    ax.set_xticks(list(range(len(rs))), [f"round {r['round']}" for r in rs])
+    size = f"{rs[0]['rows']:,} x {rs[0]['features']}, {rs[0]['workers']} workers" if rs else ""
+    ax.set(ylabel="ms per iteration", title=f"Logistic regression {size}: the floor")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out, "lr_floor.png")
+
+
 PLOTTERS = {"scheduler": plot_scheduler, "apps": plot_apps, "micropartition": plot_micropartition,
-            "hop_latency": plot_hop_latency}
+            "hop_latency": plot_hop_latency, "lr_floor": plot_lr_floor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         kind = kind_of(rows)
         if kind not in PLOTTERS:
             print(f"canary plot: {path} has no benchmark summary line (expected the output of "
-                  f"benchmarks/scheduler.py, apps.py, micropartition.py or hop_latency.py)",
+                  f"benchmarks/scheduler.py, apps.py, micropartition.py, hop_latency.py or "
+                  f"lr_floor.py)",
                   file=sys.stderr)
             return 2
         print(PLOTTERS[kind](rows, args.out))

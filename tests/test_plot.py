@@ -36,9 +36,13 @@ def test_plots_every_benchmark_kind(tmp_path: Path) -> None:
          {"summary": "hop_latency", "latency_median_us": {"sleep_only": 500.0},
           "app_iteration_ms": {
              "pagerank@1024,8000": {"spin_off": 2.0, "spin_1ms": 1.5}}}])
+    floor = write(tmp_path / "f.jsonl", [
+        {"round": r, "rows": 400000, "features": 20, "workers": 2, "numba_s": 0.0045,
+         "mpi_floor_s": 0.004, "canary_s": 0.0055} for r in range(2)] + [{"summary": "lr_floor"}])
     out = tmp_path / "img"
-    assert main([sched, apps, micro, hop, "--out", str(out)]) == 0
-    for name in ("scheduler.png", "apps.png", "micropartition.png", "hop_latency.png"):
+    assert main([sched, apps, micro, hop, floor, "--out", str(out)]) == 0
+    for name in ("scheduler.png", "apps.png", "micropartition.png", "hop_latency.png",
+                 "lr_floor.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
