@@ -187,8 +187,8 @@ def plot_lr_floor(rows: list[dict[str, Any]], out: str) -> str:
     fig, ax = plt.subplots(figsize=(8, 4.2))
     width = 0.8 / len(series)
     for k, (key, label) in enumerate(series):
-        ax.bar([i + (k - 1) * width for i in range(len(rs))], [1e3 * r[key] for r in rs],
-               width, label=label)
+        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(rs))],
+               [1e3 * r[key] for r in rs], width, label=label)
     ax.set_xticks(list(range(len(rs))), [f"round {r['round']}" for r in rs])
     size = f"{rs[0]['rows']:,} x {rs[0]['features']}, {rs[0]['workers']} workers" if rs else ""
     ax.set(ylabel="ms per iteration", title=f"Logistic regression {size}: the floor")
