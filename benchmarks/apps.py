@@ -239,7 +239,7 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
                env_extra: dict[str, str] | None = None) -> dict[str, Any]:
     """One canary run; ``data`` is ``["--generate", "N,D"]`` or ``["--input", PATH, ...]``;
     ``env_extra`` is added to the environment of the ranks (e.g. ``CANARY_SPIN_US``)."""
-    from canary.cli import find_mpiexec
+    from canary.cli import find_mpiexec, mpiexec_env
 
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.jsonl")
@@ -248,8 +248,7 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
                str(ROOT / "benchmarks" / "peak_rss.py"), tmp,
                str(ROOT / "apps" / f"{app}.py"), *data, "--max-iter", str(iters),
                "--print-every", "0", "--metrics", metrics, *extra]
-        env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout), PYTHONUNBUFFERED="1",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        env = mpiexec_env(timeout, str(ROOT))
         env["CANARY_TRACE"] = trace  # the iteration times come from the workers' task times
         env.update(env_extra or {})
         t0 = time.perf_counter()

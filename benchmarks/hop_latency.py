@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     messages = 20 if args.quick else args.messages
     if args.child:
         return child(messages, args.seed)
-    from canary.cli import find_mpiexec
+    from canary.cli import find_mpiexec, mpiexec_env
 
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(args.timeout), PYTHONUNBUFFERED="1")
+    env = mpiexec_env(args.timeout)
     cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", __file__, "--child",
            "--messages", str(messages), "--seed", str(args.seed)]
     print(json.dumps({"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()[0],

@@ -89,13 +89,11 @@ def reference_weights(n: int, d: int, iters: int) -> np.ndarray:
 
 
 def run_floor(n: int, d: int, workers: int, iters: int, timeout: int) -> dict[str, Any]:
-    from canary.cli import find_mpiexec
+    from canary.cli import find_mpiexec, mpiexec_env
 
     cmd = [find_mpiexec(), "-n", str(workers), sys.executable, "-m", "mpi4py", __file__,
            "--rank-program", "--rows", str(n), "--features", str(d), "--iters", str(iters)]
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 30)
+    proc = subprocess.run(cmd, env=mpiexec_env(timeout, str(ROOT)), capture_output=True, text=True, timeout=timeout + 30)
     if proc.returncode != 0:
         raise RuntimeError(f"MPI floor failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -213,10 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "iterations": args.iterations, "slow_prob": args.slow_prob,
                                  "slow_factor": args.slow_factor}}), flush=True)
     points = [(m, c, int(work_ms * 1e6 / nspi / c)) for m in modes for c in ppcs]
-    from canary.cli import find_mpiexec
+    from canary.cli import find_mpiexec, mpiexec_env
 
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(args.timeout), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = mpiexec_env(args.timeout, str(ROOT))
     if args.trace:  # one file per point: PATH.<mode>.ppc<C>.json
         env["CANARY_TRACE"] = args.trace
     cmd = [find_mpiexec(), "-n", str(args.workers + 1), sys.executable, "-m", "mpi4py",

@@ -250,10 +250,9 @@ def mpi_child(args: argparse.Namespace) -> int:
 
 def run_mpi(workers: int, points: list[tuple[float, int, int]], ppc: int, timeout: int,
             trace: str | None) -> list[dict[str, Any]]:
-    from canary.cli import find_mpiexec
+    from canary.cli import find_mpiexec, mpiexec_env
 
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = mpiexec_env(timeout, str(ROOT))
     if trace:
         env["CANARY_TRACE"] = trace
     cmd = [find_mpiexec(), "-n", str(workers + 1), sys.executable, "-m", "mpi4py", __file__,

@@ -26,6 +26,19 @@ def find_mpiexec() -> str:
     )
 
 
+def mpiexec_env(timeout: int | None, path: str | None = None) -> dict[str, str]:
+    """The environment for an mpiexec run: this process's, with unbuffered Python output (each
+    rank's lines arrive as printed), ``MPIEXEC_TIMEOUT`` set to ``timeout`` seconds if given
+    (MPICH then kills the whole job, so a hung rank cannot hang the caller), and ``path`` put
+    first on ``PYTHONPATH`` if given (a checkout's packages for scripts run from elsewhere)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if timeout:
+        env["MPIEXEC_TIMEOUT"] = str(timeout)
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])
+    return env
+
+
 def mpiexec_command(workers: int, script: str, script_args: list[str], hostfile: str | None = None,
                     mpiexec: str | None = None) -> list[str]:
     """The command ``canary run`` executes: one controller plus ``workers`` workers.
@@ -49,9 +62,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"canary run: hostfile not found: {args.hostfile}", file=sys.stderr)
         return 2
     cmd = mpiexec_command(args.n, args.script, args.args, args.hostfile)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if args.timeout:
-        env["MPIEXEC_TIMEOUT"] = str(args.timeout)
+    env = mpiexec_env(args.timeout)
     if args.verbose:
         print("canary run:", " ".join(cmd), file=sys.stderr)
     return subprocess.call(cmd, env=env)

@@ -17,10 +17,9 @@ MPI_TIMEOUT = 90  # seconds: MPIEXEC_TIMEOUT; the subprocess gets a little more
 def mpirun(ranks: int, script: str, *args: str, timeout: int = MPI_TIMEOUT,
            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``mpiexec -n ranks python -m mpi4py script args`` with a hard timeout; never hangs."""
-    from canary.cli import find_mpiexec
+    from canary.cli import find_mpiexec, mpiexec_env
 
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = mpiexec_env(timeout, str(ROOT))
     cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", script, *args]
     return subprocess.run(cmd, env=env, cwd=cwd or ROOT, capture_output=True, text=True,
                           timeout=timeout + 30)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from canary.cli import main, mpiexec_command
+from canary.cli import main, mpiexec_command, mpiexec_env
 from tests.conftest import ROOT
 
 
@@ -17,6 +17,16 @@ def test_command_is_one_controller_plus_n_workers_unbuffered() -> None:
     cmd = mpiexec_command(3, "apps/x.py", ["--reg", "1"], mpiexec="/opt/mpi/bin/mpiexec")
     assert cmd == ["/opt/mpi/bin/mpiexec", "-n", "4", sys.executable, "-u", "-m", "mpi4py",
                    "apps/x.py", "--reg", "1"]
+
+
+def test_mpiexec_env_sets_timeout_unbuffered_output_and_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.delenv("MPIEXEC_TIMEOUT", raising=False)
+    env = mpiexec_env(30, "/repo")
+    assert env["MPIEXEC_TIMEOUT"] == "30" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/repo", "/elsewhere"]
+    plain = mpiexec_env(None)  # no timeout asked: none set; PYTHONPATH left as it was
+    assert "MPIEXEC_TIMEOUT" not in plain and plain["PYTHONPATH"] == "/elsewhere"
 
 
 def test_hostfile_is_passed_through() -> None:
