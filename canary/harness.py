@@ -20,7 +20,17 @@ import numpy as np
 
 from canary.errors import JobAborted, TaskError
 from canary.execute import run_task
-from canary.messages import CONTROLLER, Callback, Fail, Finish, Piece, ReportPart, Send, Shutdown
+from canary.messages import (
+    CONTROLLER,
+    Callback,
+    Fail,
+    Finish,
+    Piece,
+    PieceBatch,
+    ReportPart,
+    Send,
+    Shutdown,
+)
 from canary.program import Program
 from controller.state import ControllerState
 from worker.state import RunTask, WorkerState
@@ -123,6 +133,9 @@ def run_local(
         m = msg.message
         if isinstance(m, (Piece, ReportPart)):  # MPI delivers a copy; so do we
             m.array = np.array(m.array, copy=True)
+        elif isinstance(m, PieceBatch):
+            for piece in m.pieces:
+                piece.array = np.array(piece.array, copy=True)
         key = (src, msg.dest)
         t = max(now + rng.expovariate(1.0 / mean_delay), last_arrival.get(key, 0.0) + 1e-9)
         last_arrival[key] = t

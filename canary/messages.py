@@ -112,6 +112,19 @@ class Piece:
 
 
 @dataclass(slots=True)
+class PieceBatch:
+    """Several :class:`Piece` s of one stage instance for one worker, sent as one message.
+
+    A worker sends its small pieces this way when the receiving gathers need every one of them
+    anyway (a reduce): one send and one receive instead of one per source partition. The
+    receiver handles ``pieces`` in order, exactly as if each had come alone.
+    """
+
+    eid: int
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(slots=True)
 class Signal:
     """The value of signal stage instance ``seq``, broadcast by the worker that computed it."""
 

@@ -1,10 +1,10 @@
 """How messages travel between ranks: compact tuples for the per-iteration ones.
 
-A :class:`Piece`, :class:`Signal` or :class:`ReportPart` crosses the wire every iteration, often
+A :class:`Piece`, :class:`PieceBatch`, :class:`Signal` or :class:`ReportPart` crosses the wire every iteration, often
 on the critical path between two workers. Pickled as a slots dataclass holding a small numpy
 array, a piece cost ~24 µs to pickle and ~12 µs to unpickle on the development VM (numpy's
 ``__reduce__`` is most of it); a tuple of ints and the array's raw bytes costs ~3 µs. So those
-three travel as tuples tagged with a small int; every other message (they are rare: hello,
+travel as tuples tagged with a small int; every other message (they are rare: hello,
 placement, done, shutdown, abort) travels pickled as it is, inside a tuple tagged 0, so that any
 object, a tuple included, comes back as it was sent.
 
@@ -12,7 +12,8 @@ An array whose bytes exceed ``inline_limit`` does not ride in the tuple: :func:`
 it as a separate C-contiguous buffer for the transport to send raw (``Isend``) right behind the
 header, and :func:`unpack` says which dtype and shape to receive it into. Arrays that raw bytes
 cannot carry faithfully (object or structured dtypes, ndarray subclasses) are pickled with their
-message, as before. No MPI here: ``canary.mpi_transport`` does the sending.
+message, as before. A :class:`PieceBatch` carries only small pieces (the worker batches
+those alone), so its arrays always ride inline. No MPI here: ``canary.mpi_transport`` does the sending.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from canary.messages import Piece, ReportPart, Signal
+from canary.messages import Piece, PieceBatch, ReportPart, Signal
 
-_OTHER, _PIECE, _SIGNAL, _REPORT = 0, 1, 2, 3
+_OTHER, _PIECE, _SIGNAL, _REPORT, _BATCH = 0, 1, 2, 3, 4
 
 
 def _raw_ok(arr: Any) -> bool:
@@ -37,6 +38,13 @@ def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
     t = type(msg)
     if t is Signal:
         return (_SIGNAL, msg.eid, msg.seq, msg.value), None
+    if t is PieceBatch:
+        if not all(_raw_ok(p.array) for p in msg.pieces):
+            return (_OTHER, msg), None
+        return (_BATCH, msg.eid, tuple(
+            (p.eid, p.seq, p.dataset, p.src, p.dsts, p.versions,
+             (p.array.dtype.str, p.array.shape, bytearray(p.array.tobytes())))
+            for p in msg.pieces)), None
     if t is Piece or t is ReportPart:
         arr = msg.array
         if not _raw_ok(arr):
@@ -64,6 +72,11 @@ def unpack(payload: Any) -> tuple[Any, tuple[np.dtype, tuple[int, ...]] | None]:
         return payload[1], None
     if tag == _SIGNAL:
         return Signal(payload[1], payload[2], payload[3]), None
+    if tag == _BATCH:
+        return PieceBatch(payload[1], tuple(
+            Piece(eid, seq, dataset, src, dsts, versions,
+                  np.frombuffer(data, np.dtype(dtype_str)).reshape(shape))
+            for eid, seq, dataset, src, dsts, versions, (dtype_str, shape, data) in payload[2])), None
     dtype_str, shape, data = payload[-1]
     dtype = np.dtype(dtype_str)
     arr: Any = None if data is None else np.frombuffer(data, dtype).reshape(shape)

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from canary.messages import Done, Hello, Piece, ReportPart, Shutdown, Signal
+from canary.messages import Done, Hello, Piece, PieceBatch, ReportPart, Shutdown, Signal
 from canary.wire import pack, unpack
 
 LIMIT = 8192
@@ -56,6 +56,22 @@ def test_pieces_and_report_parts_come_back_equal(arr: np.ndarray) -> None:
     assert isinstance(back, ReportPart) and np.array_equal(back.array, arr)
     assert (back.eid, back.seq, back.stage, back.iteration, back.index, back.tasks,
             back.seconds) == (9, 4, 5, (2, 1), 3, 17, 0.25)
+
+
+def test_a_piece_batch_comes_back_equal_with_every_array_inline() -> None:
+    pieces = tuple(Piece(10 + k, 3, 2, k, (0,), (k + 1,), arr) for k, arr in enumerate(ARRAYS))
+    payload, buf = pack(PieceBatch(5, pieces), LIMIT)
+    assert type(payload) is tuple and buf is None  # even the 32 KB array rides in the header
+    got = roundtrip(PieceBatch(5, pieces))
+    assert isinstance(got, PieceBatch) and got.eid == 5 and len(got.pieces) == len(pieces)
+    for back, sent in zip(got.pieces, pieces):
+        assert (back.eid, back.seq, back.dataset, back.src, back.dsts, back.versions) == (
+            sent.eid, sent.seq, sent.dataset, sent.src, sent.dsts, sent.versions)
+        assert back.array.dtype == sent.array.dtype and back.array.shape == sent.array.shape
+        assert np.array_equal(back.array, sent.array) and back.array.flags.writeable
+    odd = PieceBatch(6, (pieces[0], Piece(1, 1, 1, 0, (0,), (1,), np.array([None]))))
+    payload, buf = pack(odd, LIMIT)
+    assert payload[1] is odd and buf is None  # an object array: the batch is pickled whole
 
 
 def test_a_later_change_to_the_sent_array_does_not_reach_the_receiver() -> None:
