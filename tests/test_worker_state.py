@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 
 from canary.execute import run_task
-from canary.messages import Done, Hello, Piece, Placement, ReportPart, Send, Signal, TaskDone
+from canary.messages import (
+    Done,
+    Hello,
+    Piece,
+    PieceBatch,
+    Placement,
+    ReportPart,
+    Send,
+    Signal,
+    TaskDone,
+)
 from canary.partition_map import PartitionMap
 from canary.program import Program
 from worker.state import (
@@ -413,3 +423,73 @@ def test_a_scatter_sends_remote_pieces_before_delivering_local_ones() -> None:
     assert kinds.index(K_GATHER) > max(k for k, v in enumerate(kinds) if v == "send")
     piece = next(i.message for i in got if isinstance(i, Send))
     assert isinstance(piece, Piece) and all(st.map.owner(p.group_of(a), j) == 1 for j in piece.dsts)
+
+
+def scatter_program(P: int, Q: int, nbytes: int, targets: Any = None) -> tuple[Program, int]:
+    """P partitions of x, each of ``nbytes``, scattered (each source's partition as its one
+    piece) to Q partitions of s, summed; s reported."""
+    p = Program("scatter")
+    x, s = p.dataset("x", P), p.dataset("s", Q)
+    p.load([x], lambda i, n: np.full(nbytes // 8, float(i + 1)))
+    p.scatter_gather(x, s, lambda a: a, "sum", targets=targets, one_piece=True)
+    p.report(s)
+    return p.finalize(), s.id
+
+
+def scatter_sends(st: WorkerState, instrs: list) -> list[list[Any]]:
+    """Run every runnable task in order; for each scatter task, the messages its completion
+    sent."""
+    got: list[list[Any]] = []
+    todo = [i.task for i in instrs if isinstance(i, RunTask)]
+    while todo:
+        t = todo.pop(0)
+        out = st.handle(run_task(st, t))
+        if t.kind == K_SCATTER:
+            got.append([i.message for i in out if isinstance(i, Send)
+                        and not isinstance(i.message, (Done, ReportPart))])
+        todo += [i.task for i in out if isinstance(i, RunTask)]
+    return got
+
+
+def test_a_workers_small_reduce_pieces_leave_together_after_its_last_scatter() -> None:
+    # Worker 1 holds x[2] and x[3]; the gather of s[0] (worker 0) needs both anyway, so the
+    # first piece waits for the second and both leave in one message, in source order.
+    p, s_id = scatter_program(4, 1, 24)
+    st1, out = placed(p, worker=1)
+    sends = scatter_sends(st1, out)
+    assert sends[0] == [] and len(sends[1]) == 1
+    batch = sends[1][0]
+    assert isinstance(batch, PieceBatch)
+    assert [(q.seq, q.dataset, q.src, q.dsts) for q in batch.pieces] == [(1, s_id, 2, (0,)),
+                                                                         (1, s_id, 3, (0,))]
+    assert [q.array[0] for q in batch.pieces] == [3.0, 4.0]
+    assert st1.sent.get("Piece", 0) == 0 and st1.sent["PieceBatch"] == 1
+    assert not st1._batches and not st1._scatters_left  # nothing kept once the batch left
+    st1.validate_state()
+    # The receiver gathers from a batch exactly as from single pieces: 1+2+3+4 per element.
+    st0, out0 = placed(p, worker=0)
+    out0 = out0 + st0.handle(batch)
+    todo = [i.task for i in out0 if isinstance(i, RunTask)]
+    reports = []
+    while todo:
+        t = todo.pop(0)
+        got = st0.handle(run_task(st0, t))
+        reports += [i.message for i in got if isinstance(i, Send)
+                    and isinstance(i.message, ReportPart)]
+        todo += [i.task for i in got if isinstance(i, RunTask)]
+    assert [r.array.tolist() for r in reports] == [[10.0, 10.0, 10.0]]
+    st0.validate_state()
+
+
+def test_pieces_leave_at_once_when_batching_could_delay_a_gather() -> None:
+    # Large pieces are not kept (moving them is bandwidth-bound, and keeping them holds memory).
+    p, _ = scatter_program(4, 1, URGENT_MAX_BYTES + 8)
+    st1, out = placed(p, worker=1)
+    sends = scatter_sends(st1, out)
+    assert [[type(m) for m in s] for s in sends] == [[Piece], [Piece]]
+    # s[0] (on worker 0) needs only x[2]; worker 1 also holds x[3], whose piece goes to s[1]
+    # (its own): x[2]'s piece must not wait for x[3]'s scatter.
+    p, _ = scatter_program(4, 2, 24, targets=lambda i: (0,) if i < 3 else (1,))
+    st1, out = placed(p, worker=1)
+    sends = scatter_sends(st1, out)
+    assert [[(type(m), m.src) for m in s] for s in sends] == [[(Piece, 2)], []]

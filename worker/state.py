@@ -27,6 +27,7 @@ from canary.messages import (
     Failed,
     Hello,
     Piece,
+    PieceBatch,
     Placement,
     ReportPart,
     Send,
@@ -218,6 +219,11 @@ class WorkerState:
         self.gathers: dict[tuple[int, int], Task] = {}
         self.early: dict[tuple[int, int], dict[int, np.ndarray]] = {}
         self.held: list[Piece] = []
+        # Batching small remote pieces (see _scatter): seq -> local scatter tasks not yet run, and
+        # seq -> destination worker -> the pieces kept for it until the last of them has run.
+        self._scatters_left: dict[int, int] = {}
+        self._batches: dict[int, dict[int, list[Piece]]] = {}
+        self._batchable: dict[int, frozenset[int]] = {}  # stage id -> dsts (see _batchable_dsts)
         self.tasks_run = 0
         self.program_tasks = 0  # tasks of all workers emitted so far, in program order
         self.report_marks: dict[int, int] = {}  # report seq -> program_tasks when emitted
@@ -237,6 +243,7 @@ class WorkerState:
             TaskDone: self._on_task_done,
             TaskFailed: self._on_task_failed,
             Piece: self._on_piece,
+            PieceBatch: self._on_piece_batch,
             Signal: self._on_signal,
         }
 
@@ -337,6 +344,7 @@ class WorkerState:
                     for i in self.local[g]:
                         self.parts[(d.id, i)] = Partition(d.id, i)
             self._plans.clear()
+            self._batchable.clear()
         else:
             self.map.merge(ev.map)
         held, self.held = self.held, []
@@ -361,6 +369,10 @@ class WorkerState:
                 self._send_out(worker_rank(self.map.owner(g, j)),
                                Piece(self._next_eid(), ev.seq, ev.dataset, ev.src, (j,),
                                      (self.map.version(g, j),), ev.array), out)
+
+    def _on_piece_batch(self, ev: PieceBatch, out: list[Any]) -> None:
+        for piece in ev.pieces:
+            self._on_piece(piece, out)
 
     def _on_task_failed(self, ev: TaskFailed, out: list[Any]) -> None:
         self.failed = True
@@ -496,6 +508,8 @@ class WorkerState:
             for i in src_local:
                 self._new_task(seq, st, K_SCATTER, i, it, out)
             n += len(src_local)
+            if len(src_local) > 1:
+                self._scatters_left[seq] = len(src_local)
             dst_local = self.local[self._group[st.dst.id]]
             for j in dst_local:
                 t = self._new_task(seq, st, K_GATHER, j, it, None)
@@ -713,6 +727,7 @@ class WorkerState:
         # while delivering a local one only makes a gather runnable here (a broadcast used to
         # deliver to its 4 local partitions first, then send to the other worker).
         local: list[tuple[int, np.ndarray]] = []
+        remote: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (worker, dsts, piece)
         if st.one_piece:
             by_worker: dict[int, list[int]] = {}
             for j in targets:
@@ -721,19 +736,46 @@ class WorkerState:
                 if w == self.worker:
                     local.extend((j, res) for j in js)
                 else:
-                    self._send_out(worker_rank(w), Piece(self._next_eid(), task.seq, st.dst.id, task.part,
-                                                         tuple(js), tuple(versions[j] for j in js),
-                                                         res), out)
+                    remote.append((w, tuple(js), res))
         else:
             for j, piece in zip(targets, res):
                 w = owners[j]
                 if w == self.worker:
                     local.append((j, piece))
                 else:
-                    self._send_out(worker_rank(w), Piece(self._next_eid(), task.seq, st.dst.id, task.part,
-                                                         (j,), (versions[j],), piece), out)
+                    remote.append((w, (j,), piece))
+        left = self._scatters_left.get(task.seq)
+        batch = None if left is None else self._batches.setdefault(task.seq, {})
+        for w, dsts, piece in remote:
+            msg = Piece(self._next_eid(), task.seq, st.dst.id, task.part, dsts,
+                        tuple(versions[j] for j in dsts), piece)
+            if (batch is not None and piece.nbytes <= URGENT_MAX_BYTES
+                    and self._batchable_dsts(st).issuperset(dsts)):
+                batch.setdefault(w, []).append(msg)
+            else:
+                self._send_out(worker_rank(w), msg, out)
+        if left is not None:  # this worker holds several of the instance's sources
+            if left > 1:
+                self._scatters_left[task.seq] = left - 1
+            else:  # the instance's last local scatter ran: the pieces kept for it leave now
+                del self._scatters_left[task.seq]
+                for w, kept in self._batches.pop(task.seq).items():
+                    self._send_out(worker_rank(w), kept[0] if len(kept) == 1
+                                   else PieceBatch(self._next_eid(), tuple(kept)), out)
         for j, piece in local:
             self._deliver(task.seq, j, task.part, piece, out)
+
+    def _batchable_dsts(self, st: Stage) -> frozenset[int]:
+        """The destination partitions of ``st`` whose gathers need a piece from every source
+        partition this worker holds: their pieces may wait for this worker's last scatter task
+        of the instance and leave with it in one :class:`PieceBatch`, since such a gather cannot
+        run before that last piece arrives anyway (a reduce's gather needs every source)."""
+        got = self._batchable.get(st.id)
+        if got is None:
+            mine = set(self.local[self._group[st.reads[0].id]])
+            got = frozenset(j for j, srcs in enumerate(st.sources) if mine <= set(srcs))
+            self._batchable[st.id] = got
+        return got
 
     def _deliver(self, seq: int, j: int, src: int, array: np.ndarray, out: list[Any]) -> None:
         t = self.gathers.get((seq, j))
