@@ -13,7 +13,8 @@ it as a separate C-contiguous buffer for the transport to send raw (``Isend``) r
 header, and :func:`unpack` says which dtype and shape to receive it into. Arrays that raw bytes
 cannot carry faithfully (object or structured dtypes, ndarray subclasses) are pickled with their
 message, as before. A :class:`PieceBatch` carries only small pieces (the worker batches
-those alone), so its arrays always ride inline. No MPI here: ``canary.mpi_transport`` does the sending.
+those alone), so its arrays ride inline, as one byte string when they share dtype and shape (a
+reduce's pieces do); otherwise the batch is pickled as it is. No MPI here: ``canary.mpi_transport`` does the sending.
 """
 
 from __future__ import annotations
@@ -39,12 +40,16 @@ def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
     if t is Signal:
         return (_SIGNAL, msg.eid, msg.seq, msg.value), None
     if t is PieceBatch:
-        if not all(_raw_ok(p.array) for p in msg.pieces):
+        pieces = msg.pieces
+        arr0 = pieces[0].array
+        if not (_raw_ok(arr0) and all(type(p.array) is np.ndarray and p.array.dtype == arr0.dtype
+                                      and p.array.shape == arr0.shape for p in pieces)):
             return (_OTHER, msg), None
-        return (_BATCH, msg.eid, tuple(
-            (p.eid, p.seq, p.dataset, p.src, p.dsts, p.versions,
-             (p.array.dtype.str, p.array.shape, bytearray(p.array.tobytes())))
-            for p in msg.pieces)), None
+        # One header and one byte string for all: a batch of four cost 3.5x a lone piece when
+        # each piece carried its own bytes (~9 against 2.6 µs packed, 12 against 3 unpacked).
+        return (_BATCH, msg.eid, tuple((p.eid, p.seq, p.dataset, p.src, p.dsts, p.versions)
+                                       for p in pieces),
+                arr0.dtype.str, arr0.shape, bytearray().join([p.array.tobytes() for p in pieces])), None
     if t is Piece or t is ReportPart:
         arr = msg.array
         if not _raw_ok(arr):
@@ -73,10 +78,12 @@ def unpack(payload: Any) -> tuple[Any, tuple[np.dtype, tuple[int, ...]] | None]:
     if tag == _SIGNAL:
         return Signal(payload[1], payload[2], payload[3]), None
     if tag == _BATCH:
-        return PieceBatch(payload[1], tuple(
-            Piece(eid, seq, dataset, src, dsts, versions,
-                  np.frombuffer(data, np.dtype(dtype_str)).reshape(shape))
-            for eid, seq, dataset, src, dsts, versions, (dtype_str, shape, data) in payload[2])), None
+        _, eid, heads, dtype_str, shape, data = payload
+        rows = np.frombuffer(data, np.dtype(dtype_str)).reshape((len(heads), *shape))
+        # rows[k, ...], not rows[k]: a 0-d piece must stay an array, not become a numpy scalar
+        return PieceBatch(eid, tuple(Piece(pe, seq, dataset, src, dsts, versions, rows[k, ...])
+                                     for k, (pe, seq, dataset, src, dsts, versions)
+                                     in enumerate(heads))), None
     dtype_str, shape, data = payload[-1]
     dtype = np.dtype(dtype_str)
     arr: Any = None if data is None else np.frombuffer(data, dtype).reshape(shape)

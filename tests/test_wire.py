@@ -58,20 +58,37 @@ def test_pieces_and_report_parts_come_back_equal(arr: np.ndarray) -> None:
             back.seconds) == (9, 4, 5, (2, 1), 3, 17, 0.25)
 
 
-def test_a_piece_batch_comes_back_equal_with_every_array_inline() -> None:
-    pieces = tuple(Piece(10 + k, 3, 2, k, (0,), (k + 1,), arr) for k, arr in enumerate(ARRAYS))
-    payload, buf = pack(PieceBatch(5, pieces), LIMIT)
-    assert type(payload) is tuple and buf is None  # even the 32 KB array rides in the header
-    got = roundtrip(PieceBatch(5, pieces))
-    assert isinstance(got, PieceBatch) and got.eid == 5 and len(got.pieces) == len(pieces)
-    for back, sent in zip(got.pieces, pieces):
+def check_batch(sent: PieceBatch) -> None:
+    got = roundtrip(sent)
+    assert isinstance(got, PieceBatch) and got.eid == sent.eid
+    assert len(got.pieces) == len(sent.pieces)
+    for back, piece in zip(got.pieces, sent.pieces):
         assert (back.eid, back.seq, back.dataset, back.src, back.dsts, back.versions) == (
-            sent.eid, sent.seq, sent.dataset, sent.src, sent.dsts, sent.versions)
-        assert back.array.dtype == sent.array.dtype and back.array.shape == sent.array.shape
-        assert np.array_equal(back.array, sent.array) and back.array.flags.writeable
-    odd = PieceBatch(6, (pieces[0], Piece(1, 1, 1, 0, (0,), (1,), np.array([None]))))
-    payload, buf = pack(odd, LIMIT)
-    assert payload[1] is odd and buf is None  # an object array: the batch is pickled whole
+            piece.eid, piece.seq, piece.dataset, piece.src, piece.dsts, piece.versions)
+        assert back.array.dtype == piece.array.dtype and back.array.shape == piece.array.shape
+        assert np.array_equal(back.array, piece.array) and back.array.flags.writeable
+
+
+@pytest.mark.parametrize("arr", ARRAYS, ids=lambda a: f"{a.dtype}{a.shape}")
+def test_a_batch_of_like_pieces_travels_as_one_header_and_one_byte_string(arr: np.ndarray) -> None:
+    pieces = tuple(Piece(10 + k, 3, 2, k, (0, k), (1, k + 1), np.asarray(arr + k) if arr.dtype != bool else arr)
+                   for k in range(3))
+    payload, buf = pack(PieceBatch(5, pieces), LIMIT)
+    assert payload[0] != 0 and buf is None  # compact, not pickled; even 32 KB arrays inline
+    check_batch(PieceBatch(5, pieces))
+    got = roundtrip(PieceBatch(5, pieces))
+    got.pieces[0].array[...] = 0  # a gather may update its piece in place: the others keep theirs
+    assert np.array_equal(got.pieces[1].array, pieces[1].array)
+
+
+def test_a_batch_of_unlike_pieces_is_pickled_whole_and_comes_back_equal() -> None:
+    mixed = PieceBatch(6, tuple(Piece(10 + k, 3, 2, k, (0,), (k + 1,), a)
+                                for k, a in enumerate(ARRAYS)))
+    objects = PieceBatch(7, (mixed.pieces[0], Piece(1, 1, 1, 0, (0,), (1,), np.array([None]))))
+    for batch in (mixed, objects):
+        payload, buf = pack(batch, LIMIT)
+        assert payload[0] == 0 and payload[1] is batch and buf is None
+    check_batch(mixed)
 
 
 def test_a_later_change_to_the_sent_array_does_not_reach_the_receiver() -> None:
