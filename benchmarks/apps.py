@@ -236,19 +236,20 @@ def bound_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ canary runs
 def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[str],
                timeout: int, trace: str | None,
-               env_extra: dict[str, str] | None = None) -> dict[str, Any]:
+               env_extra: dict[str, str] | None = None, root: Path = ROOT) -> dict[str, Any]:
     """One canary run; ``data`` is ``["--generate", "N,D"]`` or ``["--input", PATH, ...]``;
-    ``env_extra`` is added to the environment of the ranks (e.g. ``CANARY_SPIN_US``)."""
+    ``env_extra`` is added to the environment of the ranks (e.g. ``CANARY_SPIN_US``); ``root``
+    is the checkout whose canary and app run (``benchmarks/ab.py`` compares two)."""
     from canary.cli import find_mpiexec, mpiexec_env
 
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.jsonl")
         trace = trace or os.path.join(tmp, "trace.json")
         cmd = [find_mpiexec(), "-n", str(workers + 1), sys.executable, "-m", "mpi4py",
-               str(ROOT / "benchmarks" / "peak_rss.py"), tmp,
-               str(ROOT / "apps" / f"{app}.py"), *data, "--max-iter", str(iters),
+               str(root / "benchmarks" / "peak_rss.py"), tmp,
+               str(root / "apps" / f"{app}.py"), *data, "--max-iter", str(iters),
                "--print-every", "0", "--metrics", metrics, *extra]
-        env = mpiexec_env(timeout, str(ROOT))
+        env = mpiexec_env(timeout, str(root))
         env["CANARY_TRACE"] = trace  # the iteration times come from the workers' task times
         env.update(env_extra or {})
         t0 = time.perf_counter()

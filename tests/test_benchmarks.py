@@ -238,3 +238,25 @@ def test_spark_jvm_references_match_plain_loops() -> None:
     assert spark_jvm.rel_err(c[:3], c) == float("inf")
     assert spark_jvm.inner_mean([9.0, 1.0, 3.0, 9.0]) == 2.0
     assert spark_jvm.inner_mean([4.0, 2.0]) == 3.0
+
+
+def test_ab_runs_both_checkouts_interleaved_and_compares_answers(tmp_path: Path) -> None:
+    trace = tmp_path / "ab"
+    rows = run_bench("ab.py", str(ROOT), "--quick", "--trace", str(trace))
+    (row,), summary = rows[:-1], rows[-1]
+    assert row["a_s"] > 0 and row["b_s"] > 0 and row["first"] == "a"
+    # one checkout against itself: the same answer, and it is the app's real answer
+    assert row["same_answer"] is True and row["answer_a"] == row["answer_b"]
+    assert row["answer_a"]["iterations"] == 5 and 0 < row["answer_a"]["objective"] < np.log(2)
+    assert summary["summary"] == "ab" and summary["rounds"] == 1
+    assert summary["median_diff_ms"] == pytest.approx((row["b_s"] - row["a_s"]) * 1e3, abs=1e-3)
+    assert summary["b_faster_rounds"] == int(row["b_s"] < row["a_s"])
+    for side in ("a", "b"):  # each side's first run traced
+        assert json.loads((tmp_path / f"ab.{side}.json").read_text())["traceEvents"]
+
+
+def test_ab_names_a_base_that_is_neither_a_checkout_nor_a_revision(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab.py"), str(tmp_path),
+                           "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and str(tmp_path) in proc.stderr
+    assert "neither a canary checkout nor a git revision" in proc.stderr

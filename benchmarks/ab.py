@@ -1,0 +1,122 @@
+"""Two checkouts of canary side by side: the same app from each, interleaved, on one machine.
+
+A change to the engine moves an iteration by a few hundred µs, while this shared VM's load moves
+it by more from one minute to the next: two separate runs cannot tell them apart. Here each
+round runs the app once from each checkout, back to back, in alternating order (A then B, then
+B then A), so that a burst of load hits both; per-iteration times come from the workers' traces
+(``benchmarks/apps.py``'s ``run_canary``: mean over iterations, first and last excluded).
+
+``BASE`` (and ``CHANGED``, default: this checkout) is a checkout's folder or a git revision of
+this repository, which is checked out into a temporary ``git worktree`` for the run. Each row
+also says whether both sides ended with the same answer (the app's summary: objective,
+inertia or rank sum, and iterations): a change meant only to be faster should keep it.
+
+Every line is JSON; the last is the summary: each side's median, the median of the paired
+differences B - A (one per round), and how many rounds B was faster.
+
+    python benchmarks/ab.py 0f7e731                       # LR 400K x 20, 10 rounds, ~1.5 min
+    python benchmarks/ab.py 0f7e731 --size 20000,20 --iters 100
+    python benchmarks/ab.py 0f7e731 --app pagerank --size 131072,1310720 --rounds 6
+    python benchmarks/ab.py PATH/TO/OTHER/CHECKOUT --quick   # tiny (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, this file's folder comes first on sys.path, and benchmarks/apps.py would
+# shadow the apps package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.apps import _data, _extra, run_canary  # noqa: E402
+
+ANSWER_KEYS = ("iterations", "objective", "inertia", "rank_sum")
+
+
+def checkout(spec: str, tmp: str) -> Path:
+    """The folder of checkout ``spec``: a folder holding ``apps/`` and ``canary/`` as it is,
+    else a git revision of this repository checked out (detached) under ``tmp``.
+    Raises SystemExit naming ``spec`` if it is neither."""
+    path = Path(spec)
+    if (path / "canary").is_dir() and (path / "apps").is_dir():
+        return path.resolve()
+    dest = Path(tmp) / f"rev-{len(list(Path(tmp).iterdir()))}"
+    proc = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(dest), spec],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"ab.py: {spec!r} is neither a canary checkout nor a git revision of "
+                         f"{ROOT}: {proc.stderr.strip()}")
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("base", help="checkout folder or git revision (side A)")
+    ap.add_argument("changed", nargs="?", default=str(ROOT),
+                    help="checkout folder or git revision (side B; default: this checkout)")
+    ap.add_argument("--app", default="logistic_regression",
+                    choices=["logistic_regression", "kmeans", "pagerank"])
+    ap.add_argument("--size", default=None, help="N,D (LR), N,D,K (k-means), V,E (PageRank)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--trace", default=None,
+                    help="Chrome trace of each side's first run (PATH.a.json, PATH.b.json)")
+    ap.add_argument("--quick", action="store_true", help="tiny size, 1 round of 5 iterations")
+    args = ap.parse_args(argv)
+    default = {"logistic_regression": "400000,20", "kmeans": "1000000,20,8",
+               "pagerank": "131072,1310720"}[args.app]
+    if args.quick:
+        default = {"logistic_regression": "20000,8", "kmeans": "20000,4,3",
+                   "pagerank": "4096,40000"}[args.app]
+        args.rounds, args.iters = 1, 5
+    size = tuple(int(v) for v in (args.size or default).split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = {"a": checkout(args.base, tmp), "b": checkout(args.changed, tmp)}
+        try:
+            times: dict[str, list[float]] = {"a": [], "b": []}
+            for r in range(args.rounds):
+                row: dict[str, Any] = {"round": r}
+                answers = {}
+                for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
+                    trace = f"{args.trace}.{side}.json" if args.trace and r == 0 else None
+                    got = run_canary(args.app, _data(args.app, size, tmp), args.workers,
+                                     args.iters, _extra(args.app), args.timeout, trace,
+                                     root=roots[side])
+                    times[side].append(got["seconds"])
+                    row[f"{side}_s"] = got["seconds"]
+                    answers[side] = {k: got["summary"].get(k) for k in ANSWER_KEYS
+                                     if k in got["summary"]}
+                row["first"] = "a" if r % 2 == 0 else "b"
+                row["same_answer"] = answers["a"] == answers["b"]
+                row["answer_a"], row["answer_b"] = answers["a"], answers["b"]
+                print(json.dumps(row), flush=True)
+        finally:
+            for root in roots.values():
+                if Path(tmp) in root.parents:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                    str(root)], capture_output=True)
+    diffs = [b - a for a, b in zip(times["a"], times["b"])]
+    print(json.dumps({
+        "summary": "ab", "app": args.app, "size": ",".join(map(str, size)),
+        "iters": args.iters, "rounds": args.rounds, "base": args.base, "changed": args.changed,
+        "median_ms": {s: round(statistics.median(v) * 1e3, 3) for s, v in times.items()},
+        "median_diff_ms": round(statistics.median(diffs) * 1e3, 3),
+        "b_faster_rounds": sum(d < 0 for d in diffs),
+        "b_over_a": round(statistics.median(times["b"]) / statistics.median(times["a"]), 3),
+    }), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
