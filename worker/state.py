@@ -331,6 +331,8 @@ class WorkerState:
         for t in self.tasks.values():
             assert t.waiting >= 0, f"{t!r} waits on a negative count"
         assert all(n > 0 for n in self.live.values())
+        # pieces are kept only for an instance whose local scatter tasks have not all run
+        assert set(self._batches) <= set(self._scatters_left) <= set(self.live), "stale batch"
         assert sum(self.live.values()) == len(self.tasks), "live counts disagree with tasks"
 
     # ---------------------------------------------------------------- events
