@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.apps import _data, _extra, run_canary  # noqa: E402
+from benchmarks.apps import QUICK_SIZES, SIZES, _data, _extra, run_canary  # noqa: E402
 
 ANSWER_KEYS = ("iterations", "objective", "inertia", "rank_sum")
 
@@ -74,13 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="Chrome trace of each side's first run (PATH.a.json, PATH.b.json)")
     ap.add_argument("--quick", action="store_true", help="tiny size, 1 round of 5 iterations")
     args = ap.parse_args(argv)
-    default = {"logistic_regression": "400000,20", "kmeans": "1000000,20,8",
-               "pagerank": "131072,1310720"}[args.app]
     if args.quick:
-        default = {"logistic_regression": "20000,8", "kmeans": "20000,4,3",
-                   "pagerank": "4096,40000"}[args.app]
         args.rounds, args.iters = 1, 5
-    size = tuple(int(v) for v in (args.size or default).split(","))
+    # apps.py's first (smallest) size of the app by default
+    default = (QUICK_SIZES if args.quick else SIZES)[args.app][0]
+    size = tuple(int(v) for v in args.size.split(",")) if args.size else default
     with tempfile.TemporaryDirectory() as tmp:
         roots = {"a": checkout(args.base, tmp), "b": checkout(args.changed, tmp)}
         try:

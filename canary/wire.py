@@ -1,12 +1,12 @@
 """How messages travel between ranks: compact tuples for the per-iteration ones.
 
-A :class:`Piece`, :class:`PieceBatch`, :class:`Signal` or :class:`ReportPart` crosses the wire every iteration, often
-on the critical path between two workers. Pickled as a slots dataclass holding a small numpy
-array, a piece cost ~24 µs to pickle and ~12 µs to unpickle on the development VM (numpy's
-``__reduce__`` is most of it); a tuple of ints and the array's raw bytes costs ~3 µs. So those
-travel as tuples tagged with a small int; every other message (they are rare: hello,
-placement, done, shutdown, abort) travels pickled as it is, inside a tuple tagged 0, so that any
-object, a tuple included, comes back as it was sent.
+A :class:`Piece`, :class:`PieceBatch`, :class:`Signal` or :class:`ReportPart` crosses the wire
+every iteration, often on the critical path between two workers. Pickled as a slots dataclass
+holding a small numpy array, a piece cost ~24 µs to pickle and ~12 µs to unpickle on the
+development VM (numpy's ``__reduce__`` is most of it); a tuple of ints and the array's raw bytes
+costs ~3 µs. So those travel as tuples tagged with a small int; every other message (they are
+rare: hello, placement, done, shutdown, abort) travels pickled as it is, inside a tuple tagged 0,
+so that any object, a tuple included, comes back as it was sent.
 
 An array whose bytes exceed ``inline_limit`` does not ride in the tuple: :func:`pack` returns
 it as a separate C-contiguous buffer for the transport to send raw (``Isend``) right behind the
@@ -14,7 +14,8 @@ header, and :func:`unpack` says which dtype and shape to receive it into. Arrays
 cannot carry faithfully (object or structured dtypes, ndarray subclasses) are pickled with their
 message, as before. A :class:`PieceBatch` carries only small pieces (the worker batches
 those alone), so its arrays ride inline, as one byte string when they share dtype and shape (a
-reduce's pieces do); otherwise the batch is pickled as it is. No MPI here: ``canary.mpi_transport`` does the sending.
+reduce's pieces do); otherwise the batch is pickled as it is. No MPI here:
+``canary.mpi_transport`` does the sending.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
         # each piece carried its own bytes (~9 against 2.6 µs packed, 12 against 3 unpacked).
         return (_BATCH, msg.eid, tuple((p.eid, p.seq, p.dataset, p.src, p.dsts, p.versions)
                                        for p in pieces),
-                arr0.dtype.str, arr0.shape, bytearray().join([p.array.tobytes() for p in pieces])), None
+                arr0.dtype.str, arr0.shape,
+                bytearray().join([p.array.tobytes() for p in pieces])), None
     if t is Piece or t is ReportPart:
         arr = msg.array
         if not _raw_ok(arr):
