@@ -28,13 +28,17 @@ For each app and size, in one run:
   partition reads itself. ``spark_jvm_mappartitions``: logistic regression at every size and
   k-means (cached ``double[]`` blocks, ``mapPartitions`` + ``reduce``); ``spark_jvm_rdd_join``
   (the classic RDD-join PageRank) and ``spark_graphx`` (``graphx.lib.PageRank.run``) at the
-  smallest PageRank size unless ``--full-peers``. The JVM times ``K`` iterations itself
+  smallest PageRank size unless ``--full-peers``. The JVM times iterations itself
   (``System.nanoTime``; GraphX, which runs every iteration in one call, as
-  ``(T(2 + K) - T(2)) / K``), and each answer is checked against numpy (``"correct"``).
+  ``(T(2 + K) - T(2)) / K``): ``K`` for ``mapPartitions``, ``max(3, K // 3)`` for the two
+  PageRank peers (~0.5-1.3 s an iteration), and each answer is checked against numpy
+  (``"correct"``). Each peer's row has its ``wall_s``, setup included.
 
 Canary and the bound are each measured ``--repeats`` times (default 2), interleaved; the row
-compares the fastest of each (``canary_s_runs`` and ``numba_s_runs`` keep them all) and reports
-the largest peak memory. Each peer's seconds over canary's is ``speedup_vs_<peer>`` in the
+compares the fastest of each (``canary_vs_numba``; ``canary_s_runs`` and ``numba_s_runs`` keep
+them all), gives the median of the rounds' own ratios beside it (``canary_vs_numba_paired``:
+each round's bound and canary run back to back, under the same load) and reports the largest
+peak memory. Each peer's seconds over canary's is ``speedup_vs_<peer>`` in the
 app's row. Every canary run and bound is measured before the first peer starts: pyspark's
 JVM outlives its SparkContext, and measurements taken beside it were up to 2x slower.
 
@@ -73,7 +77,7 @@ sys.path.insert(0, str(ROOT))
 import apps.kmeans as km_app  # noqa: E402
 import apps.logistic_regression as lr_app  # noqa: E402
 from benchmarks import spark_jvm  # noqa: E402
-from canary.generate import logistic_data, rmat_edges  # noqa: E402
+from benchmarks.datasets import lr_data, pagerank_csr, rmat  # noqa: E402
 from canary.trace import iteration_seconds, load_events  # noqa: E402
 
 SIZES: dict[str, list[tuple[int, ...]]] = {
@@ -145,6 +149,15 @@ def timed_iterations(step: Callable[[], Any], iters: int) -> float:
     return spark_jvm.inner_mean(ts)
 
 
+def paired_ratio(num: list[float | None], den: list[float | None]) -> float | None:
+    """Median over rounds of ``num[r] / den[r]``, rounds where either is missing skipped (None
+    if none is left), to 3 decimals. Round ``r``'s two figures were taken back to back, so a
+    burst of load on this shared machine slows both; the fastest of each side instead pairs
+    moments minutes apart, and one quiet moment of the bound (30% faster, seen) sets it."""
+    ratios = [a / b for a, b in zip(num, den) if a and b]
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
 def by_threads(step: Callable[[], Any], iters: int, threads: int) -> dict[str, Any]:
     """Time ``step`` on ``threads`` numba threads and on one; the bound is the faster.
 
@@ -161,7 +174,7 @@ def by_threads(step: Callable[[], Any], iters: int, threads: int) -> dict[str, A
 
 
 def bound_lr(n: int, d: int, threads: int, iters: int) -> dict[str, Any]:
-    X, y = logistic_data(n, d, 0)
+    X, y = lr_data(n, d)
     w = np.zeros(d + 1)
     chunks = 4 * threads
     lr_gradient(X, y, w, chunks)
@@ -190,17 +203,6 @@ def bound_kmeans(n: int, d: int, k: int, threads: int, iters: int, path: str) ->
         centers[nz] = sums[nz] / counts[nz, None]
 
     return {**by_threads(step, iters, threads), "data_bytes": X.nbytes}
-
-
-def pagerank_csr(v: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """R-MAT edges as in-edge CSR (indptr by destination, source ids) and out-degrees."""
-    edges = rmat_edges(v, e, 0)
-    order = np.argsort(edges[:, 1], kind="stable")
-    src = np.ascontiguousarray(edges[order, 0])
-    indptr = np.zeros(v + 1, np.int64)
-    np.cumsum(np.bincount(edges[:, 1], minlength=v), out=indptr[1:])
-    outdeg = np.bincount(edges[:, 0], minlength=v).astype(np.float64)
-    return indptr, src, outdeg
 
 
 def bound_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, Any]:
@@ -280,7 +282,7 @@ def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) ->
         import dask.array as da
     except ImportError:
         return {"peer": name, "skipped": "dask not installed (pip install -e .[compare])"}
-    X, y = logistic_data(n, d, 0)
+    X, y = lr_data(n, d)
     chunk = (n + 4 * threads - 1) // (4 * threads)
 
     def run(get_result: Callable[[Any], Any]) -> float:
@@ -322,7 +324,7 @@ def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) ->
     sc = _spark(threads)
     try:
         parts = 4 * threads
-        X, y = logistic_data(n, d, 0)
+        X, y = lr_data(n, d)
         data = np.hstack([X, y[:, None]])
         if functional:
             rdd = sc.parallelize([row for row in data], parts).cache()
@@ -425,7 +427,7 @@ def peer_dask_pagerank(v: int, e: int, threads: int, iters: int,
         import dask.array as da
     except ImportError:
         return {"peer": name, "skipped": "dask not installed (pip install -e .[compare])"}
-    edges = rmat_edges(v, e, 0)
+    edges = rmat(v, e)
     src, dst = np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1])
     outdeg = np.bincount(src, minlength=v).astype(np.float64)
     dangling = outdeg == 0
@@ -524,7 +526,7 @@ def peer_spark_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, A
         import pyspark  # noqa: F401
     except ImportError:
         return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
-    edges = rmat_edges(v, e, 0)
+    edges = rmat(v, e)
     order = np.argsort(edges[:, 0], kind="stable")
     srcs, dsts = edges[order, 0], edges[order, 1]
     cuts = np.flatnonzero(np.diff(srcs)) + 1
@@ -577,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     iters = args.iters or (5 if args.quick else 20)
     args.repeats = args.repeats or (1 if args.quick else 2)
     W = args.workers
+    started = time.perf_counter()
     print(json.dumps({"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                   "numba": numba.__version__, "workers": W,
                                   "date": time.strftime("%Y-%m-%d")}}), flush=True)
@@ -594,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes[app]:
             gen = ",".join(str(v) for v in size)
             row: dict[str, Any] = {"app": app, "size": gen, "workers": W}
+            t_size = time.perf_counter()
             data = _data(app, size, tmpdir.name)
             trace = f"{args.trace}.{app}.{gen.replace(',', 'x')}.json" if args.trace else None
             bounds, gots = [], []
@@ -621,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
             row["canary_iterations"] = got["iterations"]
             row["canary_vs_numba"] = (round(got["seconds"] / bound["seconds"], 3)
                                       if got["seconds"] else None)
+            row["canary_vs_numba_paired"] = paired_ratio(row["canary_s_runs"],
+                                                         row["numba_s_runs"])
             row["peak_rss_mb"] = mem["peak_rss_mb"]
             row["peak_rss_mb_by_worker"] = mem["peak_rss_mb_by_worker"]
             row["baseline_rss_mb"] = base
@@ -667,8 +673,9 @@ def main(argv: list[str] | None = None) -> int:
                         ("dask_distributed", partial(peer_dask_pagerank, v, e, W, piters, True)),
                         ("pyspark_rdd_join", partial(peer_spark_pagerank, v, e, W, piters)),
                         ("spark_jvm_rdd_join",
-                         partial(spark_jvm.peer_pagerank_join, v, e, W, iters, _spark)),
-                        ("spark_graphx", partial(spark_jvm.peer_graphx, v, e, W, iters, _spark))]
+                         partial(spark_jvm.peer_pagerank_join, v, e, W, piters, _spark)),
+                        ("spark_graphx", partial(spark_jvm.peer_graphx, v, e, W, piters, _spark))]
+            row["measure_wall_s"] = round(time.perf_counter() - t_size, 1)  # canary + bound
             pending.append((row, [] if args.no_peers else runs))
             print(f"apps: {app} {gen}: canary {row['canary_s']} s, bound {row['numba_s']} s",
                   file=sys.stderr, flush=True)
@@ -676,10 +683,12 @@ def main(argv: list[str] | None = None) -> int:
     # slowed the canary runs and bounds measured after it (PageRank 2^17: 6.4 instead of 3.4 ms).
     for row, runs in pending:
         for peer, run in runs:
+            t0 = time.perf_counter()
             try:
                 p = run()
             except Exception as exc:  # noqa: BLE001 - a broken peer must not sink the run
                 p = {"peer": peer, "skipped": f"failed: {exc!r}"[:300]}
+            p["wall_s"] = round(time.perf_counter() - t0, 1)  # setup included: what it costs
             print(json.dumps({"app": row["app"], "size": row["size"], **p}), flush=True)
             if "correct" in p:  # a peer with a wrong answer stays visible in the row
                 row.setdefault("peers_correct", {})[p["peer"]] = p["correct"]
@@ -689,7 +698,10 @@ def main(argv: list[str] | None = None) -> int:
         results.append(row)
         print(json.dumps(row), flush=True)
     summary = {"summary": "apps", "workers": W,
+               "wall_s": round(time.perf_counter() - started, 1),
                "canary_vs_numba": {f"{r['app']}@{r['size']}": r["canary_vs_numba"] for r in results},
+               "canary_vs_numba_paired": {f"{r['app']}@{r['size']}": r["canary_vs_numba_paired"]
+                                          for r in results},
                "iteration_ms": {f"{r['app']}@{r['size']}": round(r["canary_s"] * 1e3, 3)
                                 for r in results if r["canary_s"]},
                "speedups": {f"{r['app']}@{r['size']}": {k[11:]: v for k, v in r.items()

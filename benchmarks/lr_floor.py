@@ -12,8 +12,9 @@ comes in bursts): the numba bound (``apps.py``'s ``bound_lr``), the MPI floor an
 iterations, first and last excluded. The floor also reports its final weights, which a test
 compares with numpy's.
 
-Every line is JSON; the last is the summary: the median of each over the rounds, and the
-ratios of the fastest of each (as ``apps.py`` compares them).
+Every line is JSON; the last is the summary: the median of each over the rounds, the ratios
+of the fastest of each (as ``apps.py`` compares them) and the median of each round's own
+ratio (``*_paired``, the three of a round measured back to back).
 
     python benchmarks/lr_floor.py                 # 400K x 20, 5 rounds of 20 iterations, ~1 min
     python benchmarks/lr_floor.py --rows 4000000  # 4M x 20, ~3 min
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         "median_ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in runs.items()},
         "best_ms": {k: round(v * 1e3, 3) for k, v in best.items()},
         "canary_vs_numba": round(best["canary"] / best["numba"], 3),
+        "canary_vs_numba_paired": bench_apps.paired_ratio(runs["canary"], runs["numba"]),
+        "canary_vs_mpi_floor_paired": bench_apps.paired_ratio(runs["canary"], runs["mpi_floor"]),
         "canary_vs_mpi_floor": round(best["canary"] / best["mpi_floor"], 3),
         "mpi_floor_vs_numba": round(best["mpi_floor"] / best["numba"], 3)}), flush=True)
     return 0

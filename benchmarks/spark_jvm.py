@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from canary.generate import logistic_data, rmat_edges
+from benchmarks.datasets import lr_data, rmat
 
 JVM_DIR = Path(__file__).resolve().parent / "jvm"
 JAR_NAME = "canary-bench.jar"
@@ -288,7 +288,7 @@ def peer_lr(n: int, d: int, threads: int, iters: int, spark: SparkFactory) -> di
     over ``logistic_data(n, d, 0)`` in ``4 * threads`` partitions, ``iters`` timed iterations."""
 
     def body(sc: Any) -> dict[str, Any]:
-        X, y = logistic_data(n, d, 0)
+        X, y = lr_data(n, d)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "lr.f64")
             with open(path, "wb") as f:  # rows [x_0 .. x_{d-1}, y], in slices: no full copy
@@ -322,7 +322,7 @@ def peer_kmeans(path: str, k: int, threads: int, iters: int,
 
 
 def _edges_file(tmp: str, v: int, e: int) -> tuple[str, np.ndarray]:
-    edges = rmat_edges(v, e, 0)
+    edges = rmat(v, e)
     path = os.path.join(tmp, "edges.i64")
     edges.astype("<i8").tofile(path)
     return path, edges

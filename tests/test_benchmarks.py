@@ -6,6 +6,7 @@ Speed is never asserted here: only shapes, keys and answers.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,8 @@ def test_micropartition_quick_answers_are_right() -> None:
 
 def test_apps_bound_kernels_match_numpy() -> None:
     sys.path.insert(0, str(ROOT))
-    from benchmarks.apps import km_step, lr_gradient, pagerank_csr, pr_step
+    from benchmarks.apps import km_step, lr_gradient, pr_step
+    from benchmarks.datasets import pagerank_csr
 
     rng = np.random.default_rng(0)
     X, y, w = rng.standard_normal((101, 3)), rng.integers(0, 2, 101).astype(float), rng.standard_normal(4)
@@ -122,9 +124,16 @@ def test_apps_quick_row_shape(app: str) -> None:
         assert row["canary_iterations"] == 5
         assert row["canary_summary"]["iterations"] == 5
     assert row["canary_s"] > 0 and row["numba_s"] > 0 and row["canary_vs_numba"] > 0
+    # each round's own ratio, then their median: not the ratio of the fastest of each
+    paired = statistics.median(c / b for c, b in zip(row["canary_s_runs"], row["numba_s_runs"]))
+    assert row["canary_vs_numba_paired"] == pytest.approx(paired, abs=1e-3)
     assert len(row["peak_rss_mb_by_worker"]) == 2 and row["baseline_rss_mb"] > 0
+    assert row["measure_wall_s"] > 0
     summary = rows[-1]
-    assert summary["summary"] == "apps" and f"{app}@{row['size']}" in summary["canary_vs_numba"]
+    key = f"{app}@{row['size']}"
+    assert summary["summary"] == "apps" and key in summary["canary_vs_numba"]
+    assert summary["canary_vs_numba_paired"][key] == row["canary_vs_numba_paired"]
+    assert summary["wall_s"] >= row["measure_wall_s"]
 
 
 def test_lr_floor_quick_matches_numpy_and_reports_ratios(tmp_path: Path) -> None:
@@ -145,6 +154,31 @@ def test_lr_floor_quick_matches_numpy_and_reports_ratios(tmp_path: Path) -> None
     assert summary["summary"] == "lr_floor" and summary["rounds"] == 1
     assert summary["canary_vs_mpi_floor"] == pytest.approx(
         row["canary_s"] / row["mpi_floor_s"], rel=2e-3)
+    assert summary["canary_vs_numba_paired"] == pytest.approx(
+        row["canary_s"] / row["numba_s"], rel=2e-3)
+
+
+def test_benchmark_data_is_made_once_and_cannot_be_changed_by_a_peer() -> None:
+    # apps.py hands the same arrays to the bound and to every peer: one that wrote into them
+    # would change what the next one times (and what its answer is checked against).
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import datasets
+    from canary.generate import logistic_data, rmat_edges
+
+    X, y = datasets.lr_data(300, 4)
+    assert datasets.lr_data(300, 4)[0] is X  # made once
+    want_X, want_y = logistic_data(300, 4, 0)
+    np.testing.assert_array_equal(X, want_X)
+    np.testing.assert_array_equal(y, want_y)
+    edges = datasets.rmat(64, 500)
+    np.testing.assert_array_equal(edges, rmat_edges(64, 500, 0))
+    indptr, src, outdeg = datasets.pagerank_csr(64, 500)
+    for a in (X, y, edges, indptr, src, outdeg):
+        with pytest.raises(ValueError, match="read-only"):
+            a[0] = 1
+    # the CSR lists, for each destination, its in-edges' sources in edge order
+    for v in (0, 7, 63):
+        np.testing.assert_array_equal(src[indptr[v]:indptr[v + 1]], edges[edges[:, 1] == v, 0])
 
 
 def test_spark_jvm_sources_hash_and_skip_without_javac(monkeypatch: pytest.MonkeyPatch,
