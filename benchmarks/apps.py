@@ -17,11 +17,13 @@ For each app and size, in one run:
   and on one; the faster is the bound (on a loaded machine one thread can win).
 * **peers** (optional extra, ``pip install -e .[compare]``; skipped with a message when absent):
   Dask threaded and Dask distributed (``W`` single-thread workers) and PySpark ``local[W]``
-  with ``mapPartitions`` over numpy blocks, for logistic regression and k-means; the functional
-  per-row PySpark ``map``/``reduce`` for logistic regression and the classic PySpark RDD-join
-  PageRank, at the smallest size only unless ``--full-peers``; for PageRank, Dask (threaded
-  and distributed) sums a ``bincount`` per persisted edge block (``dask.delayed``), checked
-  against numpy. These time ``max(3, K // 3)`` iterations from Python.
+  with ``mapPartitions`` over numpy blocks (each Spark task makes its own block), for logistic
+  regression and k-means; the functional per-row PySpark ``map``/``reduce`` for logistic
+  regression and the classic PySpark RDD-join PageRank, at the smallest size only unless
+  ``--full-peers``; for PageRank, Dask (threaded and distributed) sums a ``bincount`` per
+  persisted edge block (``dask.delayed``). These time ``max(3, K // 3)`` iterations from
+  Python, and each one's answer after them is checked against numpy's (``"correct"``,
+  ``max_rel_err``; the row's ``peers_correct``).
 * **Spark JVM peers** (``benchmarks/spark_jvm.py``; pyspark plus a JDK's ``javac``): Java
   sources under ``benchmarks/jvm`` compiled against pyspark's jars, run in the same
   ``local[W]`` SparkContext through py4j on data written once to a raw file that each
@@ -275,6 +277,15 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
 
 
 # ------------------------------------------------------------------ peers
+def checked(name: str, seconds: float, got: np.ndarray, want: np.ndarray) -> dict[str, Any]:
+    """A peer's result with its answer checked against numpy's: ``correct`` when the largest
+    difference is within ``spark_jvm.RTOL`` of the largest magnitude (``max_rel_err``), as for
+    the JVM peers. A peer that times something else than the app must not pass unnoticed."""
+    err = spark_jvm.rel_err(got, want)
+    return {"peer": name, "seconds": seconds, "correct": bool(err <= spark_jvm.RTOL),
+            "max_rel_err": err}
+
+
 def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) -> dict[str, Any]:
     name = "dask_distributed" if distributed else "dask_threaded"
     try:
@@ -285,7 +296,7 @@ def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) ->
     X, y = lr_data(n, d)
     chunk = (n + 4 * threads - 1) // (4 * threads)
 
-    def run(get_result: Callable[[Any], Any]) -> float:
+    def run(get_result: Callable[[Any], Any]) -> tuple[float, np.ndarray]:
         Xd = da.from_array(X, chunks=(chunk, d)).persist()
         yd = da.from_array(y, chunks=chunk).persist()
         w = np.zeros(d)
@@ -296,12 +307,12 @@ def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) ->
             g = get_result(Xd.T @ r)
             w = w - 0.1 * g / n
 
-        return timed_iterations(step, iters)
+        return timed_iterations(step, iters), w
 
     if not distributed:
         with dask.config.set(scheduler="threads", num_workers=threads):
-            secs = run(lambda a: a.compute())
-        return {"peer": name, "seconds": secs}
+            secs, w = run(lambda a: a.compute())
+        return checked(name, secs, w, spark_jvm.lr_reference(X, y, iters))
     try:
         from dask.distributed import Client, LocalCluster
     except ImportError:
@@ -311,11 +322,29 @@ def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) ->
     logging.getLogger("distributed").setLevel(logging.ERROR)
     with LocalCluster(n_workers=threads, threads_per_worker=1, processes=True,
                       dashboard_address=None) as cluster, Client(cluster) as client:
-        secs = run(lambda a: client.compute(a).result())
-    return {"peer": name, "seconds": secs}
+        secs, w = run(lambda a: client.compute(a).result())
+    return checked(name, secs, w, spark_jvm.lr_reference(X, y, iters))
+
+
+def _spark_blocks(sc: Any, n: int, parts: int, block: Callable[[int, int], Any]) -> Any:
+    """A cached RDD of ``parts`` elements, element ``i`` being ``block(lo, hi)`` for the ``i``-th
+    of ``canary.io.partition_rows(n, parts)``, made inside the Spark task (as a Spark job reads
+    its input: no row passes through the driver), and counted so that the timing starts warm.
+
+    Sending a 4M x 20 matrix from the driver (``sc.parallelize`` of numpy blocks) took ~17 s
+    of a ~30 s peer; each task generating its own rows, ~7 s. ``block`` is pickled by value
+    when this file runs as a script, so it imports what it needs itself."""
+    from canary.io import partition_rows
+
+    rdd = sc.parallelize(partition_rows(n, parts), parts).map(lambda r: block(*r)).cache()
+    rdd.count()
+    return rdd
 
 
 def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) -> dict[str, Any]:
+    """PySpark ``local[threads]`` logistic regression over ``lr_data(n, d)``'s rows, each
+    task generating its block ``[X | y]``: ``mapPartitions`` over numpy blocks, or (with
+    ``functional``) per-row ``map`` / ``reduce`` over the blocks' rows."""
     name = "pyspark_functional" if functional else "pyspark_mappartitions"
     try:
         import pyspark  # noqa: F401
@@ -323,14 +352,17 @@ def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) ->
         return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
     sc = _spark(threads)
     try:
-        parts = 4 * threads
-        X, y = lr_data(n, d)
-        data = np.hstack([X, y[:, None]])
+        def block(lo: int, hi: int) -> Any:
+            from canary.generate import logistic_data
+
+            X, y = logistic_data(n, d, 0, lo, hi)
+            b = np.hstack([X, y[:, None]])
+            return list(b) if functional else b
+
+        rdd = _spark_blocks(sc, n, 4 * threads, block)
         if functional:
-            rdd = sc.parallelize([row for row in data], parts).cache()
-        else:
-            rdd = sc.parallelize(np.array_split(data, parts), parts).cache()
-        rdd.count()
+            rdd = rdd.flatMap(lambda rows: rows).cache()
+            rdd.count()
         w = np.zeros(d)
 
         def grad_part(it: Any) -> Any:
@@ -353,7 +385,8 @@ def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) ->
         secs = timed_iterations(step, iters)
     finally:
         sc.stop()
-    return {"peer": name, "seconds": secs}
+    X, y = lr_data(n, d)
+    return checked(name, secs, w, spark_jvm.lr_reference(X, y, iters))
 
 
 def _km_block_stats(b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -388,7 +421,7 @@ def peer_dask_kmeans(path: str, k: int, threads: int, iters: int,
     n, d = X.shape
     chunk = (n + 4 * threads - 1) // (4 * threads)
 
-    def run(get: Callable[[Any], Any]) -> float:
+    def run(get: Callable[[Any], Any]) -> dict[str, Any]:
         Xd = da.from_array(X, chunks=(chunk, d)).persist()
         c = X[:k].copy()
 
@@ -399,16 +432,17 @@ def peer_dask_kmeans(path: str, k: int, threads: int, iters: int,
                                   chunks=((1,) * Xd.numblocks[0], (k * d + k,)), dtype=float)
             c = _km_update(get(parts.sum(axis=0)), c)
 
-        return timed_iterations(step, iters)
+        secs = timed_iterations(step, iters)
+        return checked(name, secs, c, spark_jvm.kmeans_reference(X, k, iters))
 
     if not distributed:
         with dask.config.set(scheduler="threads", num_workers=threads):
-            return {"peer": name, "seconds": run(lambda a: a.compute())}
+            return run(lambda a: a.compute())
     from dask.distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=threads, threads_per_worker=1, processes=True,
                       dashboard_address=None) as cluster, Client(cluster) as client:
-        return {"peer": name, "seconds": run(lambda a: client.compute(a).result())}
+        return run(lambda a: client.compute(a).result())
 
 
 def _pr_block(src: np.ndarray, dst: np.ndarray, contrib: np.ndarray, v: int) -> np.ndarray:
@@ -420,7 +454,7 @@ def peer_dask_pagerank(v: int, e: int, threads: int, iters: int,
     """PageRank as a Dask user writes it without a graph library: the edge list in persisted
     blocks, one ``bincount`` of contributions per block (dask.delayed), summed; the same
     arithmetic as the bound (dangling mass spread uniformly). The ranks after the run are
-    checked against numpy on the whole edge list (``correct``, ``max_rel_err``)."""
+    checked against numpy on the whole edge list (:func:`checked`)."""
     name = "dask_distributed" if distributed else "dask_threaded"
     try:
         import dask
@@ -471,8 +505,7 @@ def peer_dask_pagerank(v: int, e: int, threads: int, iters: int,
     want = np.full(v, 1.0 / v)
     for _ in range(steps):
         want = update(want, np.bincount(dst, weights=(want * inv)[src], minlength=v))
-    err = float(np.max(np.abs(rank - want) / np.abs(want)))
-    return {"peer": name, "seconds": secs, "correct": err <= 1e-9, "max_rel_err": err}
+    return checked(name, secs, rank, want)
 
 
 def _spark(threads: int, jar: str | None = None) -> Any:
@@ -501,12 +534,13 @@ def peer_spark_kmeans(path: str, k: int, threads: int, iters: int) -> dict[str, 
         import pyspark  # noqa: F401
     except ImportError:
         return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
-    X = np.load(path)
+    X = np.load(path, mmap_mode="r")
     sc = _spark(threads)
     try:
-        rdd = sc.parallelize(np.array_split(X, 4 * threads), 4 * threads).cache()
-        rdd.count()
-        c = X[:k].copy()
+        # each task reads its own rows of the .npy file (memory-mapped: only its own pages)
+        rdd = _spark_blocks(sc, X.shape[0], 4 * threads,
+                            lambda lo, hi: np.array(np.load(path, mmap_mode="r")[lo:hi]))
+        c = np.array(X[:k])
 
         def step() -> None:
             nonlocal c
@@ -514,9 +548,10 @@ def peer_spark_kmeans(path: str, k: int, threads: int, iters: int) -> dict[str, 
             stats = rdd.map(lambda b: _km_block_stats(b, cc)).reduce(lambda a, b: a + b)
             c = _km_update(stats, c)
 
-        return {"peer": name, "seconds": timed_iterations(step, iters)}
+        secs = timed_iterations(step, iters)
     finally:
         sc.stop()
+    return checked(name, secs, c, spark_jvm.kmeans_reference(np.asarray(X), k, iters))
 
 
 def peer_spark_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, Any]:
@@ -550,9 +585,13 @@ def peer_spark_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, A
             new.count()
             ranks = new
 
-        return {"peer": name, "seconds": timed_iterations(step, iters)}
+        secs = timed_iterations(step, iters)
+        got = np.full(v, np.nan)  # a vertex that received no share has no rank
+        for vertex, r in ranks.collect():
+            got[vertex] = r
     finally:
         sc.stop()
+    return checked(name, secs, got, spark_jvm.pagerank_join_reference(v, edges, iters))
 
 
 # ------------------------------------------------------------------ driver

@@ -294,3 +294,20 @@ def test_ab_names_a_base_that_is_neither_a_checkout_nor_a_revision(tmp_path: Pat
                            "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and str(tmp_path) in proc.stderr
     assert "neither a canary checkout nor a git revision" in proc.stderr
+
+
+def test_a_peers_answer_is_checked_against_numpys() -> None:
+    # every peer's row says whether it computed the app (apps.checked): a peer that timed a
+    # different computation would make its speedup meaningless
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.apps import checked
+    from benchmarks.datasets import lr_data
+    from benchmarks.spark_jvm import lr_reference
+
+    X, y = lr_data(200, 3)
+    want = lr_reference(X, y, 4)
+    ok = checked("peer", 0.5, want * (1 + 1e-13), want)
+    assert ok == {"peer": "peer", "seconds": 0.5, "correct": True,
+                  "max_rel_err": pytest.approx(1e-13, rel=0.1)}
+    assert not checked("peer", 0.5, lr_reference(X, y, 3), want)["correct"]  # one step short
+    assert not checked("peer", 0.5, np.append(want[:-1], np.nan), want)["correct"]
