@@ -17,8 +17,7 @@ For each app and size, in one run:
   and on one; the faster is the bound (on a loaded machine one thread can win).
 * **peers** (optional extra, ``pip install -e .[compare]``; skipped with a message when absent):
   Dask threaded and Dask distributed (``W`` single-thread workers) and PySpark ``local[W]``
-  with ``mapPartitions`` over numpy blocks (each Spark task makes its own block), for logistic
-  regression and k-means; the functional per-row PySpark ``map``/``reduce`` for logistic
+  with ``mapPartitions`` over numpy blocks, for logistic regression and k-means; the functional per-row PySpark ``map``/``reduce`` for logistic
   regression and the classic PySpark RDD-join PageRank, at the smallest size only unless
   ``--full-peers``; for PageRank, Dask (threaded and distributed) sums a ``bincount`` per
   persisted edge block (``dask.delayed``). These time ``max(3, K // 3)`` iterations from
@@ -326,25 +325,12 @@ def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) ->
     return checked(name, secs, w, spark_jvm.lr_reference(X, y, iters))
 
 
-def _spark_blocks(sc: Any, n: int, parts: int, block: Callable[[int, int], Any]) -> Any:
-    """A cached RDD of ``parts`` elements, element ``i`` being ``block(lo, hi)`` for the ``i``-th
-    of ``canary.io.partition_rows(n, parts)``, made inside the Spark task (as a Spark job reads
-    its input: no row passes through the driver), and counted so that the timing starts warm.
-
-    Sending a 4M x 20 matrix from the driver (``sc.parallelize`` of numpy blocks) took ~17 s
-    of a ~30 s peer; each task generating its own rows, ~7 s. ``block`` is pickled by value
-    when this file runs as a script, so it imports what it needs itself."""
-    from canary.io import partition_rows
-
-    rdd = sc.parallelize(partition_rows(n, parts), parts).map(lambda r: block(*r)).cache()
-    rdd.count()
-    return rdd
-
-
 def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) -> dict[str, Any]:
-    """PySpark ``local[threads]`` logistic regression over ``lr_data(n, d)``'s rows, each
-    task generating its block ``[X | y]``: ``mapPartitions`` over numpy blocks, or (with
-    ``functional``) per-row ``map`` / ``reduce`` over the blocks' rows."""
+    """PySpark ``local[threads]`` logistic regression over ``lr_data(n, d)``'s rows ``[x | y]``
+    sent from the driver: ``mapPartitions`` over numpy blocks, or (with ``functional``) per-row
+    ``map`` / ``reduce``. (Blocks made inside the Spark tasks saved ~10 s of set-up at 4M, but
+    the iterations over them were slower: 2.7 against 2.2 s at 4M, 3.2 against 2.3 s for the
+    functional peer at 400K, one run each; not kept.)"""
     name = "pyspark_functional" if functional else "pyspark_mappartitions"
     try:
         import pyspark  # noqa: F401
@@ -352,17 +338,15 @@ def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) ->
         return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
     sc = _spark(threads)
     try:
-        def block(lo: int, hi: int) -> Any:
-            from canary.generate import logistic_data
-
-            X, y = logistic_data(n, d, 0, lo, hi)
-            b = np.hstack([X, y[:, None]])
-            return list(b) if functional else b
-
-        rdd = _spark_blocks(sc, n, 4 * threads, block)
+        parts = 4 * threads
+        X, y = lr_data(n, d)
+        data = np.hstack([X, y[:, None]])
         if functional:
-            rdd = rdd.flatMap(lambda rows: rows).cache()
-            rdd.count()
+            rdd = sc.parallelize([row for row in data], parts).cache()
+        else:
+            rdd = sc.parallelize(np.array_split(data, parts), parts).cache()
+        rdd.count()
+        del data
         w = np.zeros(d)
 
         def grad_part(it: Any) -> Any:
@@ -385,7 +369,6 @@ def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) ->
         secs = timed_iterations(step, iters)
     finally:
         sc.stop()
-    X, y = lr_data(n, d)
     return checked(name, secs, w, spark_jvm.lr_reference(X, y, iters))
 
 
@@ -534,13 +517,12 @@ def peer_spark_kmeans(path: str, k: int, threads: int, iters: int) -> dict[str, 
         import pyspark  # noqa: F401
     except ImportError:
         return {"peer": name, "skipped": "pyspark not installed (pip install -e .[compare])"}
-    X = np.load(path, mmap_mode="r")
+    X = np.load(path)
     sc = _spark(threads)
     try:
-        # each task reads its own rows of the .npy file (memory-mapped: only its own pages)
-        rdd = _spark_blocks(sc, X.shape[0], 4 * threads,
-                            lambda lo, hi: np.array(np.load(path, mmap_mode="r")[lo:hi]))
-        c = np.array(X[:k])
+        rdd = sc.parallelize(np.array_split(X, 4 * threads), 4 * threads).cache()
+        rdd.count()
+        c = X[:k].copy()
 
         def step() -> None:
             nonlocal c
