@@ -123,6 +123,11 @@ class PieceBatch:
     eid: int
     pieces: tuple[Piece, ...]
 
+    @property
+    def seq(self) -> int:
+        """The stage instance every piece belongs to (what a trace of the batch names)."""
+        return self.pieces[0].seq
+
 
 @dataclass(slots=True)
 class Signal:

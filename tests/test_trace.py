@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from canary.messages import Piece
+from canary.messages import Piece, PieceBatch
 from canary.trace import Tracer, chrome_trace, iteration_seconds, trace_path
 from tests.conftest import mpirun
 
@@ -33,6 +33,14 @@ def test_tracer_events_and_flows_pair_up() -> None:
     f = [e for e in ev if e["ph"] == "f"]
     assert len(s) == len(f) == 1 and s[0]["id"] == f[0]["id"] == 77 and f[0]["bp"] == "e"
     assert {e["args"]["name"] for e in ev if e["name"] == "process_name"} == {"worker 0", "worker 1"}
+
+
+def test_a_batch_of_pieces_is_traced_with_its_stage_instance() -> None:
+    tr = Tracer(1, "w")
+    pieces = tuple(Piece(70 + k, 9, 0, k, (4,), (1,), None) for k in range(3))  # type: ignore[arg-type]
+    tr.send(2, PieceBatch(80, pieces), 1.0)
+    (ev,) = [e for e in tr.events if e["ph"] == "X"]
+    assert ev["name"] == "send PieceBatch" and ev["args"] == {"peer": 2, "seq": 9}
 
 
 def test_iteration_seconds_from_signal_instances() -> None:
