@@ -328,9 +328,10 @@ def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) ->
 def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) -> dict[str, Any]:
     """PySpark ``local[threads]`` logistic regression over ``lr_data(n, d)``'s rows ``[x | y]``
     sent from the driver: ``mapPartitions`` over numpy blocks, or (with ``functional``) per-row
-    ``map`` / ``reduce``. (Blocks made inside the Spark tasks saved ~10 s of set-up at 4M, but
-    the iterations over them were slower: 2.7 against 2.2 s at 4M, 3.2 against 2.3 s for the
-    functional peer at 400K, one run each; not kept.)"""
+    ``map`` / ``reduce``. (Blocks made inside the Spark tasks saved ~10 s of set-up at 4M; not
+    kept, since the iterations over them were slower in the one run each that I took, 2.7
+    against 2.2 s at 4M and 3.2 against 2.3 s for the functional peer at 400K, and the row
+    compares iterations, not set-up.)"""
     name = "pyspark_functional" if functional else "pyspark_mappartitions"
     try:
         import pyspark  # noqa: F401
