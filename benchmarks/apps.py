@@ -17,12 +17,13 @@ For each app and size, in one run:
   and on one; the faster is the bound (on a loaded machine one thread can win).
 * **peers** (optional extra, ``pip install -e .[compare]``; skipped with a message when absent):
   Dask threaded and Dask distributed (``W`` single-thread workers) and PySpark ``local[W]``
-  with ``mapPartitions`` over numpy blocks, for logistic regression and k-means; the functional per-row PySpark ``map``/``reduce`` for logistic
-  regression and the classic PySpark RDD-join PageRank, at the smallest size only unless
-  ``--full-peers``; for PageRank, Dask (threaded and distributed) sums a ``bincount`` per
-  persisted edge block (``dask.delayed``). These time ``max(3, K // 3)`` iterations from
-  Python, and each one's answer after them is checked against numpy's (``"correct"``,
-  ``max_rel_err``; the row's ``peers_correct``).
+  with ``mapPartitions`` over numpy blocks, for logistic regression and k-means; the
+  functional per-row PySpark ``map``/``reduce`` for logistic regression and the classic
+  PySpark RDD-join PageRank, at the smallest size only unless ``--full-peers``; for PageRank,
+  Dask (threaded and distributed) sums a ``bincount`` per persisted edge block
+  (``dask.delayed``). These time ``max(3, K // 3)`` iterations from Python, and each one's
+  answer after them is checked against numpy's (``"correct"``, ``max_rel_err``; the row's
+  ``peers_correct``).
 * **Spark JVM peers** (``benchmarks/spark_jvm.py``; pyspark plus a JDK's ``javac``): Java
   sources under ``benchmarks/jvm`` compiled against pyspark's jars, run in the same
   ``local[W]`` SparkContext through py4j on data written once to a raw file that each
