@@ -614,9 +614,12 @@ def main(argv: list[str] | None = None) -> int:
         # runs. On a cold numba cache the first one compiles, and compiling takes memory the
         # timed run, which finds the cache warm, does not (that would shrink the ratios); warm
         # runs still differ by ~3 MB, a third of PageRank 2^17's held bytes, so not the smallest.
-        base = statistics.median(
-            run_canary(app, _data(app, QUICK_SIZES[app][0], tmpdir.name), W, 3, _extra(app),
-                       args.timeout, None)["peak_rss_mb"] for _ in range(3))
+        # As many iterations as the timed runs: both are traced (the iteration times come from
+        # the trace), and a worker's trace grows with its events, by ~0.3-0.7 MB over 20 tiny
+        # PageRank iterations (~4 MB over 200; untraced runs do not grow), whatever the data.
+        bases = [run_canary(app, _data(app, QUICK_SIZES[app][0], tmpdir.name), W, iters,
+                            _extra(app), args.timeout, None) for _ in range(3)]
+        base = statistics.median(b["peak_rss_mb"] for b in bases)
         for size in sizes[app]:
             gen = ",".join(str(v) for v in size)
             row: dict[str, Any] = {"app": app, "size": gen, "workers": W}
@@ -653,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
             row["peak_rss_mb"] = mem["peak_rss_mb"]
             row["peak_rss_mb_by_worker"] = mem["peak_rss_mb_by_worker"]
             row["baseline_rss_mb"] = base
+            row["baseline_iterations"] = [b["iterations"] for b in bases]
             row["end_rss_mb_by_worker"] = mem["end_rss_mb_by_worker"]
             row["partition_mb_by_worker"] = mem["partition_mb_by_worker"]
             row["data_mb_per_worker"] = round(bound["data_bytes"] / W / 2**20, 1)

@@ -128,6 +128,8 @@ def test_apps_quick_row_shape(app: str) -> None:
     paired = statistics.median(c / b for c, b in zip(row["canary_s_runs"], row["numba_s_runs"]))
     assert row["canary_vs_numba_paired"] == pytest.approx(paired, abs=1e-3)
     assert len(row["peak_rss_mb_by_worker"]) == 2 and row["baseline_rss_mb"] > 0
+    if app != "kmeans":  # the baseline runs as many (traced) iterations as the timed runs
+        assert row["baseline_iterations"] == [5, 5, 5]
     assert row["measure_wall_s"] > 0
     summary = rows[-1]
     key = f"{app}@{row['size']}"
