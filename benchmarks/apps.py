@@ -719,6 +719,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"app": row["app"], "size": row["size"], **p}), flush=True)
             if "correct" in p:  # a peer with a wrong answer stays visible in the row
                 row.setdefault("peers_correct", {})[p["peer"]] = p["correct"]
+                if not p["correct"]:
+                    print(f"apps: {row['app']} {row['size']}: {p['peer']}'s answer differs "
+                          f"from numpy's (max_rel_err {p.get('max_rel_err')}); its speedup "
+                          "compares different computations", file=sys.stderr, flush=True)
             if "seconds" in p and row["canary_s"]:
                 row["peers"][p["peer"]] = p["seconds"]
                 row[f"speedup_vs_{p['peer']}"] = round(p["seconds"] / row["canary_s"], 2)
@@ -733,7 +737,10 @@ def main(argv: list[str] | None = None) -> int:
                                 for r in results if r["canary_s"]},
                "speedups": {f"{r['app']}@{r['size']}": {k[11:]: v for k, v in r.items()
                                                        if k.startswith("speedup_vs_")}
-                            for r in results}}
+                            for r in results},
+               # speedups over peers whose answer was wrong are kept, but named here
+               "peers_wrong": [f"{r['app']}@{r['size']}:{peer}" for r in results
+                               for peer, ok in r.get("peers_correct", {}).items() if not ok]}
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -313,3 +314,29 @@ def test_a_peers_answer_is_checked_against_numpys() -> None:
                   "max_rel_err": pytest.approx(1e-13, rel=0.1)}
     assert not checked("peer", 0.5, lr_reference(X, y, 3), want)["correct"]  # one step short
     assert not checked("peer", 0.5, np.append(want[:-1], np.nan), want)["correct"]
+
+
+def test_apps_names_a_peer_whose_answer_is_wrong(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # A peer that computed something else must not hide among the speedups: the summary (the
+    # line people read) lists it, and stderr says so while the run goes on.
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.apps as bench_apps
+
+    def peer(right: bool) -> Any:
+        def run(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {"peer": "dask_threaded" if right else "pyspark_mappartitions",
+                    "seconds": 1.0, "correct": right, "max_rel_err": 0.0 if right else 0.5}
+        return run
+
+    monkeypatch.setattr(bench_apps, "peer_dask_lr", peer(True))
+    monkeypatch.setattr(bench_apps, "peer_spark_lr", peer(False))
+    monkeypatch.setattr(bench_apps.spark_jvm, "peer_lr",
+                        lambda *a, **k: {"peer": "spark_jvm_mappartitions", "skipped": "test"})
+    assert bench_apps.main(["--quick", "--apps", "logistic_regression", "--iters", "5"]) == 0
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]
+    (row,) = [r for r in rows if "canary_s" in r]
+    assert row["peers_correct"] == {"dask_threaded": True, "pyspark_mappartitions": False}
+    assert rows[-1]["peers_wrong"] == ["logistic_regression@20000,8:pyspark_mappartitions"]
+    assert "pyspark_mappartitions's answer differs from numpy's" in err
