@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import apps.logistic_regression as lr_app  # noqa: E402
+from benchmarks.spark_jvm import inner_mean  # noqa: E402
 from canary.generate import logistic_data  # noqa: E402
 from canary.io import partition_rows  # noqa: E402
 
@@ -74,8 +75,7 @@ def floor_rank(n: int, d: int, iters: int) -> dict[str, Any] | None:
         times.append(time.perf_counter() - t0)
     if rank != 0:
         return None
-    inner = times[1:-1] or times
-    return {"seconds": sum(inner) / len(inner), "weights": w.tolist()}
+    return {"seconds": inner_mean(times), "weights": w.tolist()}
 
 
 def reference_weights(n: int, d: int, iters: int) -> np.ndarray:
