@@ -50,8 +50,8 @@ def reduce_program() -> tuple[Program, int]:
     return p.finalize(), s.id
 
 
-def placed(p: Program, worker: int, n_workers: int = 2, **state: int) -> tuple[WorkerState, list]:
-    """A started WorkerState (``state``: its window, max_fused) after the initial placement,
+def placed(p: Program, worker: int, n_workers: int = 2, **state: Any) -> tuple[WorkerState, list]:
+    """A started WorkerState (``state``: its window, max_fused, inline) after the initial placement,
     and what that placement caused."""
     st = WorkerState(p, worker, n_workers, **state)
     hello = st.start()
@@ -86,7 +86,7 @@ def finish_until(st: WorkerState, instrs: list, kind: str,
 
 def test_sender_side_of_a_reduce() -> None:
     p, s_id = reduce_program()
-    st, out = placed(p, worker=1)
+    st, out = placed(p, worker=1, inline=False)  # the scatter as a task (see test_inline_*)
     load = only_task(out)  # the scatter waits behind the load's write on x[1]
     assert (load.kind, load.part, load.seq) == (K_LOAD, 1, 0)
     arr = np.full(3, 2.0)
@@ -104,7 +104,7 @@ def test_sender_side_of_a_reduce() -> None:
 
 def test_receiver_gathers_in_source_order_even_when_pieces_come_early() -> None:
     p, s_id = reduce_program()
-    st = WorkerState(p, 0, 2)
+    st = WorkerState(p, 0, 2, inline=False)
     st.start()
     # The remote piece overtakes the placement (different senders): it must be held, not lost.
     assert st.handle(Piece(7, 1, s_id, 1, (0,), (1,), np.full(3, 2.0))) == []
@@ -224,7 +224,7 @@ def compute_loop(parts: int, iters: int) -> Program:
 
 def test_compute_only_loop_runs_as_one_fused_stretch() -> None:
     p = compute_loop(parts=3, iters=10)
-    st = WorkerState(p, 0, 1, max_fused=1000)
+    st = WorkerState(p, 0, 1, max_fused=1000, inline=False)
     st.start()
     load = only_task(st.handle(Placement(1, PartitionMap.initial([3], 1)))[:1])
     # One fused task stands for all 20 instances on the 3 partitions, queued behind the loads.
@@ -364,7 +364,7 @@ def test_pause_for_sends_runs_a_loop_body_broadcast_before_emitting_the_rest() -
     def at_signal(pause: bool) -> tuple[WorkerState, list]:
         """Run the loads and the first loop test; return the state and what the test's
         TaskDone caused."""
-        st = WorkerState(body_program(), 0, 1, max_fused=0)
+        st = WorkerState(body_program(), 0, 1, max_fused=0, inline=False)
         st.pause_for_sends = pause
         st.start()
         placed_out = st.handle(Placement(1, PartitionMap.initial([1, 2, 1], 1)))
@@ -392,7 +392,7 @@ def test_signals_and_small_scatters_are_urgent_large_scatters_and_compute_are_no
     p.reduce(small, s, name="r_small")
     p.reduce(big, s, name="r_big")
     p.compute(lambda x: x, [small], [small], name="c")
-    st = WorkerState(p.finalize(), 0, 1, max_fused=0)
+    st = WorkerState(p.finalize(), 0, 1, max_fused=0, inline=False)
     st.start()
     load = only_task(st.handle(Placement(1, PartitionMap.initial([1, 1, 1], 1))))
     st.handle(TaskDone(0, load, (np.zeros(8), np.zeros(URGENT_MAX_BYTES // 8 + 1))))
@@ -416,7 +416,7 @@ def test_a_scatter_sends_remote_pieces_before_delivering_local_ones() -> None:
     p.broadcast(w, a)
     p.report(a)
     p.finalize()
-    st, out = placed(p, worker=0)
+    st, out = placed(p, worker=0, inline=False)
     got = finish_until(st, out, K_SCATTER, lambda t: run_task(st, t))
     kinds = ["send" if isinstance(i, Send) else i.task.kind for i in got]
     assert "send" in kinds and K_GATHER in kinds, kinds
@@ -493,3 +493,86 @@ def test_pieces_leave_at_once_when_batching_could_delay_a_gather() -> None:
     st1, out = placed(p, worker=1)
     sends = scatter_sends(st1, out)
     assert [[(type(m), m.src) for m in s] for s in sends] == [[(Piece, 2)], []]
+
+
+# ---------------------------------------------------------------- small moves run inline
+def test_inline_a_reduce_runs_its_small_moves_inside_the_state_machine() -> None:
+    p, s_id = reduce_program()
+    # Worker 1 (x[1]): the load's TaskDone sends the piece at once; no scatter task is made.
+    st1, out = placed(p, worker=1)
+    arr = np.full(3, 2.0)
+    got = st1.handle(TaskDone(2, only_task(out), (arr,)))
+    assert [type(i.message) for i in got] == [Piece, Done]
+    piece = got[0].message
+    arr[:] = -1.0  # an in-place update of x[1] after the scatter must not reach the piece
+    assert piece.array.tolist() == [2.0, 2.0, 2.0] and piece.dsts == (0,)
+    assert (st1.tasks_run, st1.inline_run, got[1].message.tasks_run) == (2, 1, 2)
+    st1.validate_state()
+    # Worker 0 (x[0], s): its own piece waits in the gather; the remote one completes the sum,
+    # and the report of s follows inline too.
+    st0, out = placed(p, worker=0)
+    assert st0.handle(TaskDone(2, only_task(out), (np.full(3, 1.0),))) == []
+    got = st0.handle(piece)
+    assert [type(i.message) for i in got] == [ReportPart, Done]
+    assert got[0].message.array.tolist() == [3.0, 3.0, 3.0]
+    assert (st0.tasks_run, st0.inline_run) == (4, 3)  # load, scatter, gather, report
+    st0.validate_state()
+
+
+def test_inline_leaves_large_pieces_and_user_gathers_to_tasks() -> None:
+    p = Program("moves")
+    big, small = p.dataset("big", 1), p.dataset("small", 1)
+    s1, s2 = p.dataset("s1", 1), p.dataset("s2", 1)
+    p.load([big, small], lambda i, n: (np.zeros(URGENT_MAX_BYTES // 8 + 1), np.ones(2)))
+    p.reduce(big, s1, name="r_big")  # 64 KB + 8 bytes: copying it is work, not bookkeeping
+    p.reduce(small, s2, op=lambda pieces: pieces[0] * 2, name="r_user")  # user code
+    st = WorkerState(p.finalize(), 0, 1, max_fused=0)
+    st.start()
+    load = only_task(st.handle(Placement(1, PartitionMap.initial([1, 1, 1, 1], 1))))
+    out = st.handle(TaskDone(0, load, (np.zeros(URGENT_MAX_BYTES // 8 + 1), np.ones(2))))
+    ran = sorted((i.task.stage.name, i.task.kind) for i in out if isinstance(i, RunTask))
+    # the small scatter of r_user ran inline and made its (user) gather runnable
+    assert ran == [("r_big", K_SCATTER), ("r_user", K_GATHER)]
+    assert st.inline_run == 1
+
+
+def test_inline_broadcast_gives_each_local_partition_its_own_array() -> None:
+    p = Program("bcast")
+    w, a = p.dataset("w", 1), p.dataset("a", 3)
+    p.load([w], lambda i, n: np.arange(4.0))
+    p.broadcast(w, a)
+    p.compute(lambda x: x, [a], [a], name="keep")
+    st = WorkerState(p.finalize(), 0, 1, max_fused=0)
+    st.start()
+    loads = [i.task for i in st.handle(Placement(1, PartitionMap.initial([1, 3], 1)))]
+    w0 = np.arange(4.0)
+    st.handle(TaskDone(0, loads[0], (w0,)))
+    values = [st.parts[(a.id, j)].value for j in range(3)]
+    assert all(v.tolist() == [0.0, 1.0, 2.0, 3.0] for v in values)
+    arrays = [w0, *values]
+    assert not any(np.shares_memory(x, y) for k, x in enumerate(arrays) for y in arrays[k + 1:])
+    assert st.inline_run == 4  # the scatter and three gathers
+    st.validate_state()
+
+
+def test_inline_loop_body_broadcast_leaves_before_the_rest_of_the_body_is_emitted() -> None:
+    p = Program("body")
+    w, a, s = p.dataset("w", 1), p.dataset("a", 4), p.dataset("s", 1)
+    p.load([w], lambda i, n: np.ones(2))
+    p.load([a], lambda i, n: np.zeros(2))
+    with p.while_(lambda v: v[0] < 1, on=w, max_iter=3):
+        p.broadcast(w, a)
+        p.compute(lambda x: x + 1, [a], [a], name="inc")
+        p.reduce(a, s)
+    p.finalize()
+    st, out = placed(p, worker=0, max_fused=0)
+    assert st.map is not None and st.map.owner(p.group_of(w), 0) == 0  # w's holder sends
+    seen: list[tuple[str, set[str]]] = []
+    st.send_now = lambda ins: seen.append(
+        (type(ins.message).__name__, {t.stage.name for t in st.tasks.values()}))
+    finish_until(st, out, "signal", lambda t: TaskDone(
+        0, t, True if t.kind == "signal" else tuple(np.zeros(2) for _ in t.stage.writes)))
+    first_piece = next(names for kind, names in seen if kind == "Piece")
+    assert "inc" not in first_piece  # sent while emitting the broadcast, before the body
+    assert "inc" in {t.stage.name for t in st.tasks.values()}
+    st.validate_state()

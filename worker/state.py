@@ -175,6 +175,12 @@ class WorkerState:
     iteration's tasks (~5 µs each, a few hundred µs for a large loop body), which the other
     workers would otherwise wait through.
 
+    With ``inline`` (the default), a runnable task that only moves a few bytes with canary's
+    own code (see :meth:`_ready`: a broadcast's or a reduce's small pieces, a small report)
+    is completed inside ``handle`` instead of being returned as a :class:`RunTask`; it counts
+    in ``tasks_run`` and ``inline_run`` and leaves no task span in a trace. ``inline=False``
+    makes every such move a task, as large pieces and user gather functions always are.
+
     If ``pause_for_sends`` is set, the interpreter stops emitting right after a stage instance
     that made an urgent scatter runnable (:func:`is_urgent`; a broadcast's scatter at the top of
     a loop body) and sets ``paused``: the runtime runs that task, so its message leaves, then
@@ -183,7 +189,7 @@ class WorkerState:
     """
 
     def __init__(self, program: Program, worker: int, n_workers: int, window: int = 64,
-                 max_fused: int = 1024) -> None:
+                 max_fused: int = 1024, inline: bool = True) -> None:
         self.program = program.finalize()
         self.worker = worker
         self.rank = worker_rank(worker)
@@ -224,6 +230,10 @@ class WorkerState:
         self._scatters_left: dict[int, int] = {}
         self._batches: dict[int, dict[int, list[Piece]]] = {}
         self._batchable: dict[int, frozenset[int]] = {}  # stage id -> dsts (see _batchable_dsts)
+        # Runnable data-movement tasks the state machine completes itself (see _ready).
+        self.inline = inline
+        self._inline: deque[Task] = deque()
+        self.inline_run = 0
         self.tasks_run = 0
         self.program_tasks = 0  # tasks of all workers emitted so far, in program order
         self.report_marks: dict[int, int] = {}  # report seq -> program_tasks when emitted
@@ -261,10 +271,14 @@ class WorkerState:
             # the run-ahead window, a local signal's value, the end), so advance only then.
             live = len(self.live)
             self._on_task_done(event, out)
+            if self._inline:
+                self._drain(out)
             if len(self.live) < live and not self.failed:
                 self._advance(out)
             return out
         self._handlers[type(event)](event, out)
+        if self._inline:
+            self._drain(out)
         if self.map is not None and not self.failed:
             self._advance(out)
         return out
@@ -334,6 +348,7 @@ class WorkerState:
         # pieces are kept only for an instance whose local scatter tasks have not all run
         assert set(self._batches) <= set(self._scatters_left) <= set(self.live), "stale batch"
         assert sum(self.live.values()) == len(self.tasks), "live counts disagree with tasks"
+        assert not self._inline, "a ready move was left undone"
 
     # ---------------------------------------------------------------- events
     def _on_placement(self, ev: Placement, out: list[Any]) -> None:
@@ -450,6 +465,8 @@ class WorkerState:
                         break
                 n0 = len(out)
                 self._emit(st, out)
+                if self._inline:
+                    self._drain(out)
                 self.pc += 1
                 if (self.pause_for_sends and st.kind == SCATTER_GATHER
                         and any(type(i) is RunTask and is_urgent(i.task) for i in out[n0:])):
@@ -686,7 +703,47 @@ class WorkerState:
             if q and q[0][0] is t:
                 self._pump(p, out)
         if t.waiting == 0 and not t.accesses:
-            out.append(RunTask(t))
+            self._ready(t, out)
+
+    def _ready(self, t: Task, out: list[Any]) -> None:
+        """``t`` may run now: queue it for :meth:`_drain` if it only moves a few bytes with
+        canary's own code (a replace, sum or concat gather, a scatter or report of the partition
+        itself, at most ``URGENT_MAX_BYTES``), else hand it to the runtime. Run as a task, such a
+        move cost ~20 µs of dispatch and bookkeeping for ~1 µs of copying, several of them on
+        the path of every iteration (a broadcast's gathers, a reduce's scatters)."""
+        kind = t.kind
+        if self.inline and kind is not K_COMPUTE and kind is not K_FUSED:
+            st = t.stage
+            if kind is K_GATHER:
+                if st.gather in _GATHERS and t.pieces is not None and sum(
+                        [a.nbytes for a in t.pieces.values()]) <= URGENT_MAX_BYTES:
+                    self._inline.append(t)
+                    return
+            elif (kind is K_SCATTER and st.fn is None and st.one_piece) or kind is K_REPORT:
+                v = t.reads[0].value
+                if type(v) is np.ndarray and v.nbytes <= URGENT_MAX_BYTES:
+                    self._inline.append(t)
+                    return
+        out.append(RunTask(t))
+
+    def _drain(self, out: list[Any]) -> None:
+        """Complete the tasks :meth:`_ready` queued, and those they make ready, in order."""
+        q = self._inline
+        while q:
+            t = q.popleft()
+            kind = t.kind
+            st = t.stage
+            if kind is K_GATHER:
+                assert t.pieces is not None
+                res: Any = _GATHERS[st.gather]([t.pieces[s] for s in st.sources[t.part]])
+            elif kind is K_SCATTER:
+                # a copy, as a scatter task's piece: a local gather may get it, and a later
+                # in-place kernel must not change it there
+                res = np.array(t.reads[0].value, copy=True)
+            else:
+                res = t.reads[0].value
+            self.inline_run += 1
+            self._on_task_done(TaskDone(0, t, res), out)
 
     def _pump(self, p: Partition, out: list[Any]) -> None:
         """Grant queued accesses in order: consecutive reads together, a write alone."""
@@ -700,7 +757,7 @@ class WorkerState:
                 q.popleft()
                 t.waiting -= 1
                 if t.waiting == 0:
-                    out.append(RunTask(t))
+                    self._ready(t, out)
                 break
             if mode == READ:
                 if p.writer:
@@ -713,7 +770,7 @@ class WorkerState:
             q.popleft()
             t.waiting -= 1
             if t.waiting == 0:
-                out.append(RunTask(t))
+                self._ready(t, out)
             if mode == WRITE:
                 break
 
@@ -790,7 +847,7 @@ class WorkerState:
         t.pieces[src] = array
         t.waiting -= 1
         if t.waiting == 0:
-            out.append(RunTask(t))
+            self._ready(t, out)
 
     # ---------------------------------------------------------------- helpers
     def _next_eid(self) -> int:
