@@ -7,7 +7,9 @@ B then A), so that a burst of load hits both; per-iteration times come from the 
 (``benchmarks/apps.py``'s ``run_canary``: mean over iterations, first and last excluded).
 
 ``BASE`` (and ``CHANGED``, default: this checkout) is a checkout's folder or a git revision of
-this repository, which is checked out into a temporary ``git worktree`` for the run. Each row
+this repository, which is checked out into a temporary ``git worktree`` for the run.
+``--env-a`` / ``--env-b NAME=VALUE`` set environment variables for one side's ranks, so one
+checkout can be compared with itself under two settings. Each row
 also says whether both sides ended with the same answer (the app's summary: objective,
 inertia or rank sum, and iterations): a change meant only to be faster should keep it.
 
@@ -18,6 +20,7 @@ differences B - A (one per round), and how many rounds B was faster.
     python benchmarks/ab.py 0f7e731 --size 20000,20 --iters 100
     python benchmarks/ab.py 0f7e731 --app pagerank --size 131072,1310720 --rounds 6
     python benchmarks/ab.py PATH/TO/OTHER/CHECKOUT --quick   # tiny (tests)
+    python benchmarks/ab.py HEAD HEAD --env-a CANARY_TRACE_LEVEL=full   # one checkout, two settings
 """
 
 from __future__ import annotations
@@ -58,6 +61,17 @@ def checkout(spec: str, tmp: str) -> Path:
     return dest
 
 
+def env_pairs(ap: argparse.ArgumentParser, pairs: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` strings as a dict; an entry without ``=`` is a usage error."""
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            ap.error(f"--env-a/--env-b expect NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("base", help="checkout folder or git revision (side A)")
@@ -72,8 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--trace", default=None,
                     help="Chrome trace of each side's first run (PATH.a.json, PATH.b.json)")
+    ap.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment variable for side A's ranks (repeatable)")
+    ap.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment variable for side B's ranks (repeatable)")
     ap.add_argument("--quick", action="store_true", help="tiny size, 1 round of 5 iterations")
     args = ap.parse_args(argv)
+    envs = {"a": env_pairs(ap, args.env_a), "b": env_pairs(ap, args.env_b)}
     if args.quick:
         args.rounds, args.iters = 1, 5
     # apps.py's first (smallest) size of the app by default
@@ -90,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     trace = f"{args.trace}.{side}.json" if args.trace and r == 0 else None
                     got = run_canary(args.app, _data(args.app, size, tmp), args.workers,
                                      args.iters, _extra(args.app), args.timeout, trace,
-                                     root=roots[side])
+                                     env_extra=envs[side], root=roots[side])
                     times[side].append(got["seconds"])
                     row[f"{side}_s"] = got["seconds"]
                     answers[side] = {k: got["summary"].get(k) for k in ANSWER_KEYS
@@ -108,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({
         "summary": "ab", "app": args.app, "size": ",".join(map(str, size)),
         "iters": args.iters, "rounds": args.rounds, "base": args.base, "changed": args.changed,
+        "env_a": envs["a"], "env_b": envs["b"],
         "median_ms": {s: round(statistics.median(v) * 1e3, 3) for s, v in times.items()},
         "median_diff_ms": round(statistics.median(diffs) * 1e3, 3),
         "b_faster_rounds": sum(d < 0 for d in diffs),

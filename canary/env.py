@@ -27,3 +27,16 @@ def env_number(name: str, default: float, minimum: float = 0.0, integer: bool = 
         raise ValueError(f"environment variable {name}={raw!r} is below {minimum:g}: set it to "
                          f"{want} >= {minimum:g} or unset it (default {default:g})")
     return value
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str,
+               environ: Mapping[str, str] = os.environ) -> str:
+    """The value of environment variable ``name``, one of ``choices`` (``default`` when unset or
+    empty). Raises ValueError naming the variable, its value and the choices otherwise."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    if raw not in choices:
+        raise ValueError(f"environment variable {name}={raw!r} is not one of "
+                         f"{', '.join(choices)}: set one of them or unset it (default {default})")
+    return raw

@@ -10,7 +10,7 @@ from typing import Any
 from canary.errors import JobAborted
 from canary.harness import JobResult, run_local
 from canary.program import Program
-from canary.trace import Tracer, gather_and_write, trace_path
+from canary.trace import Tracer, gather_and_write, trace_level, trace_path
 
 
 def run(program: Program, comm: object | None = None, window: int = 64,
@@ -25,7 +25,8 @@ def run(program: Program, comm: object | None = None, window: int = 64,
 
     ``trace=PATH`` (or the environment variable ``CANARY_TRACE=PATH``) writes a Chrome
     trace-event JSON of the job to PATH on rank 0: one track per rank, every task and message
-    (see :mod:`canary.trace`). Not available for the in-process single-rank run.
+    (see :mod:`canary.trace`; ``CANARY_TRACE_LEVEL=loop`` records the loop tests only). Not
+    available for the in-process single-rank run.
     """
     from mpi4py import MPI
 
@@ -41,8 +42,8 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         return run_local(program, workers=1)
     path = trace_path(trace)
     try:
-        tracer = (Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}")
-                  if path else None)
+        tracer = (Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}",
+                         loop_only=trace_level() == "loop") if path else None)
         result: JobResult | None = None
         if rank == 0:
             from controller.runtime import run_controller

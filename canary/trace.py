@@ -12,6 +12,11 @@ every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
   ``recv Piece``) joined by a flow arrow (``ph: "s"``/``"f"``, id = the message's ``eid``, which
   is unique per job).
 
+With ``CANARY_TRACE_LEVEL=loop`` (the benchmarks' setting) only the loop tests are recorded:
+each signal task, whose instances end the iterations (:func:`iteration_seconds`), and no
+message. Every other task then runs on the untraced path (fused stretches may run compiled),
+so iteration times are those of an untraced run, not of one paying the tracer on every task.
+
 Timestamps are ``time.time()`` in microseconds, so the tracks of different ranks line up (on one
 host exactly; across hosts as well as their clocks agree). At the end of the job every rank sends
 its events to rank 0, which writes one JSON file. A disabled tracer costs nothing on the hot
@@ -26,6 +31,8 @@ import time
 from typing import Any
 
 ENV = "CANARY_TRACE"
+LEVEL_ENV = "CANARY_TRACE_LEVEL"
+LEVELS = ("full", "loop")
 MESSAGE_US = 1.0  # drawn width of a send/receive slice
 
 
@@ -36,11 +43,23 @@ def trace_path(trace: str | None = None) -> str | None:
     return os.environ.get(ENV) or None
 
 
-class Tracer:
-    """Events of one rank. ``clock()`` is the time base (seconds); events are plain dicts."""
+def trace_level() -> str:
+    """``$CANARY_TRACE_LEVEL``: "full" (the default: every task and message) or "loop" (signal
+    tasks only). Raises ValueError for any other value."""
+    from canary.env import env_choice
 
-    def __init__(self, rank: int, name: str) -> None:
+    return env_choice(LEVEL_ENV, LEVELS, "full")
+
+
+class Tracer:
+    """Events of one rank. ``clock()`` is the time base (seconds); events are plain dicts.
+
+    With ``loop_only`` the runtimes record signal tasks only (the worker checks the flag;
+    ``send``/``recv`` record nothing)."""
+
+    def __init__(self, rank: int, name: str, loop_only: bool = False) -> None:
         self.rank = rank
+        self.loop_only = loop_only
         self.events: list[dict[str, Any]] = [
             {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": name}},
             {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
@@ -77,6 +96,8 @@ class Tracer:
         self._message("recv", src, msg, "f", self.clock() if t is None else t)
 
     def _message(self, what: str, peer: int, msg: Any, ph: str, t: float) -> None:
+        if self.loop_only:
+            return
         kind = type(msg).__name__
         eid = getattr(msg, "eid", None)
         ts = t * 1e6

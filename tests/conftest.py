@@ -15,11 +15,14 @@ MPI_TIMEOUT = 90  # seconds: MPIEXEC_TIMEOUT; the subprocess gets a little more
 
 
 def mpirun(ranks: int, script: str, *args: str, timeout: int = MPI_TIMEOUT,
-           cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``mpiexec -n ranks python -m mpi4py script args`` with a hard timeout; never hangs."""
+           cwd: str | os.PathLike[str] | None = None,
+           env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``mpiexec -n ranks python -m mpi4py script args`` with a hard timeout; never hangs.
+    ``env_extra`` is added to the ranks' environment."""
     from canary.cli import find_mpiexec, mpiexec_env
 
     env = mpiexec_env(timeout, str(ROOT))
+    env.update(env_extra or {})
     cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", script, *args]
     return subprocess.run(cmd, env=env, cwd=cwd or ROOT, capture_output=True, text=True,
                           timeout=timeout + 30)

@@ -292,6 +292,19 @@ def test_ab_runs_both_checkouts_interleaved_and_compares_answers(tmp_path: Path)
         assert json.loads((tmp_path / f"ab.{side}.json").read_text())["traceEvents"]
 
 
+def test_ab_sets_each_sides_environment(tmp_path: Path) -> None:
+    # one checkout, two settings: side B's ranks get --env-b (here a value canary rejects, which
+    # only a rank that sees it can report); a pair without '=' is a usage error
+    ab = [sys.executable, str(ROOT / "benchmarks" / "ab.py"), str(ROOT), "--quick"]
+    proc = subprocess.run([*ab, "--env-b", "CANARY_TRACE_LEVEL=bogus"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "CANARY_TRACE_LEVEL='bogus' is not one of full, loop" in proc.stderr
+    proc = subprocess.run([*ab, "--env-a", "CANARY_TRACE_LEVEL"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "expect NAME=VALUE" in proc.stderr
+
+
 def test_ab_names_a_base_that_is_neither_a_checkout_nor_a_revision(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab.py"), str(tmp_path),
                            "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120)

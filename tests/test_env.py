@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from canary.env import env_number
+from canary.env import env_choice, env_number
 from tests.conftest import ROOT
 
 
@@ -44,3 +44,10 @@ def test_a_typo_in_canary_compile_after_stops_the_import() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "CANARY_COMPILE_AFTER='2e5x' is not an integer" in proc.stderr
+
+
+def test_a_choice_is_one_of_its_values_or_a_clear_error() -> None:
+    assert env_choice("CANARY_Y", ("full", "loop"), "full", environ={}) == "full"
+    assert env_choice("CANARY_Y", ("full", "loop"), "full", environ={"CANARY_Y": " loop "}) == "loop"
+    with pytest.raises(ValueError, match=r"CANARY_Y='all' is not one of full, loop"):
+        env_choice("CANARY_Y", ("full", "loop"), "full", environ={"CANARY_Y": "all"})

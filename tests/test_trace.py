@@ -80,3 +80,26 @@ def test_logistic_regression_trace_over_mpi(tmp_path: Path) -> None:
     recvs = {e["id"] for e in ev if e["ph"] == "f"}
     assert recvs <= sends and len(recvs) > 0  # every received message has its send
     assert len(iteration_seconds(ev)) == 2  # 3 signal instances (max-iter stops the 4th)
+
+
+def test_loop_level_trace_records_the_loop_tests_only(tmp_path: Path) -> None:
+    # CANARY_TRACE_LEVEL=loop (what the benchmarks time with): the signal tasks, which give the
+    # iteration times, and nothing else, so every other task runs on the untraced path.
+    out = tmp_path / "trace.json"
+    r = mpirun(3, "apps/logistic_regression.py", "--generate", "2000,4", "--max-iter", "4",
+               "--partitions", "4", "--print-every", "0", "--trace", str(out),
+               env_extra={"CANARY_TRACE_LEVEL": "loop"})
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(out.read_text())["traceEvents"]
+    recorded = [e for e in ev if e["ph"] != "M"]
+    assert recorded and all(e.get("cat") == "task" and e["args"]["kind"] == "signal"
+                            for e in recorded), {e["name"] for e in recorded}
+    assert len(iteration_seconds(ev)) == 3  # 4 signal instances (max-iter stops the 5th)
+
+
+def test_an_unknown_trace_level_is_a_clear_error(tmp_path: Path) -> None:
+    r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
+               "--print-every", "0", "--trace", str(tmp_path / "t.json"),
+               env_extra={"CANARY_TRACE_LEVEL": "tasks"})
+    assert r.returncode != 0
+    assert "CANARY_TRACE_LEVEL='tasks' is not one of full, loop" in r.stderr

@@ -16,7 +16,7 @@ from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
-from worker.state import K_COMPUTE, K_FUSED, RunTask, Task, WorkerState, is_urgent
+from worker.state import K_COMPUTE, K_FUSED, K_SIGNAL, RunTask, Task, WorkerState, is_urgent
 
 POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
 MAX_BATCH = 64
@@ -60,12 +60,20 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
     pop_urgent = urgent.popleft
     handle = state.handle
     send = tx.send
+    # A loop-only tracer records signal tasks and nothing else (see canary.trace): every other
+    # task and message takes the untraced path.
+    full = tracer is not None and not tracer.loop_only
+    trace_recv = trace_fused = trace_task = None
     if tracer is not None:
         clock = tracer.clock
+        trace_task = tracer.task
+        if full:
+            trace_recv, trace_fused = tracer.recv, tracer.fused_task
+            trace_send = tracer.send
 
-        def send(dest: int, msg: Any) -> None:
-            tracer.send(dest, msg)
-            tx.send(dest, msg)
+            def send(dest: int, msg: Any) -> None:
+                trace_send(dest, msg)
+                tx.send(dest, msg)
 
     # Messages leave as soon as the state machine decides them, not after it has emitted the
     # tasks that follow (a loop's next iteration): the other workers wait on them.
@@ -92,8 +100,8 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
         got = tx.poll()
         while got is not None:
             msg = got[1]
-            if tracer is not None:
-                tracer.recv(got[0], msg)
+            if trace_recv is not None:
+                trace_recv(got[0], msg)
             if isinstance(msg, Shutdown):
                 tx.flush()
                 return state
@@ -115,14 +123,14 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
                 task = pop_urgent() if urgent else popleft()
                 if task.kind is K_FUSED:
                     t_start = perf_counter()
-                    ev = run_task(state, task, None if tracer is None else tracer.fused_task)
+                    ev = run_task(state, task, trace_fused)
                     state.stretch_timed(task, perf_counter() - t_start)
-                elif tracer is None:
+                elif trace_task is None or (not full and task.kind is not K_SIGNAL):
                     ev = run_task(state, task)
                 else:
                     t_start = clock()
                     ev = run_task(state, task)
-                    tracer.task(task, t_start, clock(), type(ev) is TaskDone)
+                    trace_task(task, t_start, clock(), type(ev) is TaskDone)
                 for ins in handle(ev):
                     if type(ins) is RunTask:
                         t = ins.task
