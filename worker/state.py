@@ -717,7 +717,7 @@ class WorkerState:
         if self.inline and kind is not K_COMPUTE and kind is not K_FUSED:
             st = t.stage
             if kind is K_GATHER:
-                if st.gather in _GATHERS and t.pieces is not None and sum(
+                if type(st.gather) is str and t.pieces is not None and sum(
                         [a.nbytes for a in t.pieces.values()]) <= URGENT_MAX_BYTES:
                     self._inline.append(t)
                     return
