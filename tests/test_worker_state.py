@@ -522,13 +522,25 @@ def test_inline_a_reduce_runs_its_small_moves_inside_the_state_machine() -> None
     st0.validate_state()
 
 
+class DoublingGather:
+    """A user's gather as a callable object; defining ``__eq__`` makes it unhashable."""
+
+    def __call__(self, pieces: list[np.ndarray]) -> np.ndarray:
+        return pieces[0] * 2
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DoublingGather)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def test_inline_leaves_large_pieces_and_user_gathers_to_tasks() -> None:
     p = Program("moves")
     big, small = p.dataset("big", 1), p.dataset("small", 1)
     s1, s2 = p.dataset("s1", 1), p.dataset("s2", 1)
     p.load([big, small], lambda i, n: (np.zeros(URGENT_MAX_BYTES // 8 + 1), np.ones(2)))
     p.reduce(big, s1, name="r_big")  # 64 KB + 8 bytes: copying it is work, not bookkeeping
-    p.reduce(small, s2, op=lambda pieces: pieces[0] * 2, name="r_user")  # user code
+    p.reduce(small, s2, op=DoublingGather(), name="r_user")  # user code, not even hashable
     st = WorkerState(p.finalize(), 0, 1, max_fused=0)
     st.start()
     load = only_task(st.handle(Placement(1, PartitionMap.initial([1, 1, 1, 1], 1))))
