@@ -349,23 +349,27 @@ def test_stretch_timed_keeps_fusing_multi_instance_stretches_of_long_tasks() -> 
     assert st.max_fused == stretch_budget(1e-3, 2)
 
 
-def test_pause_for_sends_runs_a_loop_body_broadcast_before_emitting_the_rest() -> None:
-    def body_program() -> Program:
-        p = Program("bcast_loop")
-        w, a, s = p.dataset("w", 1), p.dataset("a", 2), p.dataset("s", 1)
-        p.load([w], lambda i, n: np.ones(1))
-        p.load([a], lambda i, n: np.zeros(1))
-        with p.while_(lambda v: v[0] < 5, on=w, max_iter=3):
-            p.broadcast(w, a)
-            p.compute(lambda x: x + 1, [a], [a], name="inc")
-            p.reduce(a, s)
-            p.compute(lambda x: x, [s], [w], name="back")
-        return p.finalize()
+def broadcast_loop(parts: int) -> tuple[Program, Any]:
+    """A loop whose body starts with a broadcast of w to ``parts`` partitions of a, then a
+    compute on a, a reduce into s and s copied back to w; the loop tests w. Returns the
+    finalized program and w."""
+    p = Program("bcast_loop")
+    w, a, s = p.dataset("w", 1), p.dataset("a", parts), p.dataset("s", 1)
+    p.load([w], lambda i, n: np.ones(1))
+    p.load([a], lambda i, n: np.zeros(1))
+    with p.while_(lambda v: v[0] < 5, on=w, max_iter=3):
+        p.broadcast(w, a)
+        p.compute(lambda x: x + 1, [a], [a], name="inc")
+        p.reduce(a, s)
+        p.compute(lambda x: x, [s], [w], name="back")
+    return p.finalize(), w
 
+
+def test_pause_for_sends_runs_a_loop_body_broadcast_before_emitting_the_rest() -> None:
     def at_signal(pause: bool) -> tuple[WorkerState, list]:
         """Run the loads and the first loop test; return the state and what the test's
         TaskDone caused."""
-        st = WorkerState(body_program(), 0, 1, max_fused=0, inline=False)
+        st = WorkerState(broadcast_loop(2)[0], 0, 1, max_fused=0, inline=False)
         st.pause_for_sends = pause
         st.start()
         placed_out = st.handle(Placement(1, PartitionMap.initial([1, 2, 1], 1)))
@@ -571,22 +575,14 @@ def test_inline_broadcast_gives_each_local_partition_its_own_array() -> None:
 
 
 def test_inline_loop_body_broadcast_leaves_before_the_rest_of_the_body_is_emitted() -> None:
-    p = Program("body")
-    w, a, s = p.dataset("w", 1), p.dataset("a", 4), p.dataset("s", 1)
-    p.load([w], lambda i, n: np.ones(2))
-    p.load([a], lambda i, n: np.zeros(2))
-    with p.while_(lambda v: v[0] < 1, on=w, max_iter=3):
-        p.broadcast(w, a)
-        p.compute(lambda x: x + 1, [a], [a], name="inc")
-        p.reduce(a, s)
-    p.finalize()
+    p, w = broadcast_loop(4)
     st, out = placed(p, worker=0, max_fused=0)
     assert st.map is not None and st.map.owner(p.group_of(w), 0) == 0  # w's holder sends
     seen: list[tuple[str, set[str]]] = []
     st.send_now = lambda ins: seen.append(
         (type(ins.message).__name__, {t.stage.name for t in st.tasks.values()}))
     finish_until(st, out, "signal", lambda t: TaskDone(
-        0, t, True if t.kind == "signal" else tuple(np.zeros(2) for _ in t.stage.writes)))
+        0, t, True if t.kind == "signal" else (np.zeros(1),)))
     first_piece = next(names for kind, names in seen if kind == "Piece")
     assert "inc" not in first_piece  # sent while emitting the broadcast, before the body
     assert "inc" in {t.stage.name for t in st.tasks.values()}
