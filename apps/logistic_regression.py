@@ -46,6 +46,15 @@ _ROW_MATH = {"reassoc", "nsz", "contract"}
 _LOSS_BLOCK = 512  # rows whose (1 + e^-|z|) factors multiply without overflow: 2^512 < DBL_MAX
 
 
+# One partition per worker by default. Every partition costs each iteration a broadcast gather,
+# a gradient task and a reduce piece, each ~50-100 µs of Python on a cache the kernel has just
+# flushed: LR 400K x 20 took 5.52 ms an iteration with four per worker and 4.90 ms with one
+# (paired -0.70 ms, one faster in 7 of 8 rounds; docs/performance.md §2l). More partitions per worker pay only where tasks vary
+# in cost (benchmarks/micropartition.py), which dense rows do not, and no load balancing moves
+# partitions yet; --partitions chooses more.
+PARTITIONS_PER_WORKER = 1
+
+
 @numba.njit(cache=True, fastmath=_ROW_MATH, inline="always")
 def _row_terms(z: float, y: float) -> tuple[float, float, float]:
     """For one row with margin z: (sigmoid(z) - y, max(z, 0) - y z, 1 + e^-|z|). The sigmoid is
@@ -205,7 +214,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tol", type=float, default=1e-6, help="stop when ||gradient|| < tol")
     ap.add_argument("--max-iter", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=None,
-                    help="data partitions (default: 4 per worker)")
+                    help=f"data partitions (default: {PARTITIONS_PER_WORKER} per worker)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output", help="write coef (d,) and intercept to this .npz")
     ap.add_argument("--metrics", help="write one JSON line per iteration to this file")
@@ -241,7 +250,7 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         n, d = count_rows(args.input, args.features)
     else:
         n, d = args.n, args.d
-    P = args.partitions or 4 * max(n_workers, 1)
+    P = args.partitions or PARTITIONS_PER_WORKER * max(n_workers, 1)
     if P > n:
         raise SystemExit(f"logistic_regression: --partitions {P} exceeds the {n} data rows")
     ranges = partition_rows(n, P)

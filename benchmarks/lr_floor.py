@@ -5,7 +5,7 @@ program with the same processes, kernel and partitions, and next to the numba bo
 threads. The two differ in more than canary's scheduling: processes and threads share the
 machine's memory bandwidth differently. This benchmark adds the floor that any engine of W
 MPI processes could reach: ``mpiexec -n W`` ranks, each calling the app's own
-``gradient_kernel`` on the same 4 row partitions that a canary worker holds, then one
+``gradient_kernel`` on the same row partitions that a canary worker holds, then one
 ``Allreduce`` and the weight update, nothing else. Each round times, interleaved (the VM's load
 comes in bursts): the numba bound (``apps.py``'s ``bound_lr``), the MPI floor and a canary run
 (``apps.py``'s ``run_canary``, iteration times from the workers' traces). Each is the mean over
@@ -50,15 +50,16 @@ STEP = 0.1  # the floor's gradient step: any fixed step keeps every rank on the 
 
 
 def floor_rank(n: int, d: int, iters: int) -> dict[str, Any] | None:
-    """This MPI rank's part of the floor: 4 partitions per rank, as canary places them by
-    default; returns (on rank 0) the mean seconds per iteration, first and last excluded, and
+    """This MPI rank's part of the floor: as many partitions per rank as canary places on a worker
+    by default (``PARTITIONS_PER_WORKER``); returns (on rank 0) the mean seconds per iteration, first and last excluded, and
     the final weights."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    ranges = partition_rows(n, 4 * size)
-    parts = [logistic_data(n, d, 0, *ranges[i]) for i in range(4 * rank, 4 * rank + 4)]
+    k = lr_app.PARTITIONS_PER_WORKER
+    ranges = partition_rows(n, k * size)
+    parts = [logistic_data(n, d, 0, *ranges[i]) for i in range(k * rank, k * rank + k)]
     w = np.zeros(d + 1)
     for X, y in parts:  # load or compile the kernel outside the timed loop
         lr_app.gradient_kernel(X, y, w)

@@ -82,6 +82,16 @@ def test_progress_reports_each_iteration(cancer: dict) -> None:
     assert all(b > a for a, b in zip([e.tasks for e in seen], [e.tasks for e in seen][1:]))
 
 
+def test_default_is_one_partition_per_worker() -> None:
+    # more would cost each iteration a task and two moves per partition for no balance gained
+    # (apps/logistic_regression.py, PARTITIONS_PER_WORKER); --partitions still chooses
+    for workers in (1, 2, 3):
+        _, shape = lr.build(lr.parse_args(["--generate", "60,3"]), workers)
+        assert shape["partitions"] == workers
+    _, shape = lr.build(lr.parse_args(["--generate", "60,3", "--partitions", "7"]), 2)
+    assert shape["partitions"] == 7
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(SystemExit):
         lr.parse_args(["--generate", "10"])
