@@ -8,7 +8,8 @@ B then A), so that a burst of load hits both; per-iteration times come from the 
 
 ``BASE`` (and ``CHANGED``, default: this checkout) is a checkout's folder or a git revision of
 this repository, which is checked out into a temporary ``git worktree`` for the run.
-``--env-a`` / ``--env-b NAME=VALUE`` set environment variables for one side's ranks, so one
+``--env-a`` / ``--env-b NAME=VALUE`` set environment variables for one side's ranks, and
+``--args-a`` / ``--args-b "FLAGS"`` add flags to one side's app command line, so one
 checkout can be compared with itself under two settings. Each row
 also says whether both sides ended with the same answer (the app's summary: objective,
 inertia or rank sum, and iterations): a change meant only to be faster should keep it.
@@ -21,12 +22,14 @@ differences B - A (one per round), and how many rounds B was faster.
     python benchmarks/ab.py 0f7e731 --app pagerank --size 131072,1310720 --rounds 6
     python benchmarks/ab.py PATH/TO/OTHER/CHECKOUT --quick   # tiny (tests)
     python benchmarks/ab.py HEAD HEAD --env-a CANARY_TRACE_LEVEL=full   # one checkout, two settings
+    python benchmarks/ab.py . . --args-a="--partitions 8" --args-b="--partitions 2"
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -90,9 +93,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="environment variable for side A's ranks (repeatable)")
     ap.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE",
                     help="environment variable for side B's ranks (repeatable)")
+    ap.add_argument("--args-a", default="", metavar="FLAGS",
+                    help="flags added to side A's app command line, e.g. \"--partitions 8\"")
+    ap.add_argument("--args-b", default="", metavar="FLAGS",
+                    help="flags added to side B's app command line")
     ap.add_argument("--quick", action="store_true", help="tiny size, 1 round of 5 iterations")
     args = ap.parse_args(argv)
     envs = {"a": env_pairs(ap, args.env_a), "b": env_pairs(ap, args.env_b)}
+    flags = {"a": shlex.split(args.args_a), "b": shlex.split(args.args_b)}
     if args.quick:
         args.rounds, args.iters = 1, 5
     # apps.py's first (smallest) size of the app by default
@@ -108,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                 for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
                     trace = f"{args.trace}.{side}.json" if args.trace and r == 0 else None
                     got = run_canary(args.app, _data(args.app, size, tmp), args.workers,
-                                     args.iters, _extra(args.app), args.timeout, trace,
+                                     args.iters, _extra(args.app) + flags[side], args.timeout,
+                                     trace,
                                      env_extra=envs[side], root=roots[side])
                     times[side].append(got["seconds"])
                     row[f"{side}_s"] = got["seconds"]
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({
         "summary": "ab", "app": args.app, "size": ",".join(map(str, size)),
         "iters": args.iters, "rounds": args.rounds, "base": args.base, "changed": args.changed,
-        "env_a": envs["a"], "env_b": envs["b"],
+        "env_a": envs["a"], "env_b": envs["b"], "args_a": flags["a"], "args_b": flags["b"],
         "median_ms": {s: round(statistics.median(v) * 1e3, 3) for s, v in times.items()},
         "median_diff_ms": round(statistics.median(diffs) * 1e3, 3),
         "b_faster_rounds": sum(d < 0 for d in diffs),

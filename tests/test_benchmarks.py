@@ -292,14 +292,18 @@ def test_ab_runs_both_checkouts_interleaved_and_compares_answers(tmp_path: Path)
         assert json.loads((tmp_path / f"ab.{side}.json").read_text())["traceEvents"]
 
 
-def test_ab_sets_each_sides_environment(tmp_path: Path) -> None:
-    # one checkout, two settings: side B's ranks get --env-b (here a value canary rejects, which
-    # only a rank that sees it can report); a pair without '=' is a usage error
+def test_ab_sets_each_sides_environment_and_flags(tmp_path: Path) -> None:
+    # one checkout, two settings: side B's ranks get --env-b, side A's app --args-a (here values
+    # canary or the app rejects, which only a run that sees them can report); a pair without
+    # '=' is a usage error
     ab = [sys.executable, str(ROOT / "benchmarks" / "ab.py"), str(ROOT), "--quick"]
     proc = subprocess.run([*ab, "--env-b", "CANARY_TRACE_LEVEL=bogus"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "CANARY_TRACE_LEVEL='bogus' is not one of full, loop" in proc.stderr
+    proc = subprocess.run([*ab, "--args-a", "--partitions 0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "--partitions must be positive, got 0" in proc.stderr
     proc = subprocess.run([*ab, "--env-a", "CANARY_TRACE_LEVEL"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "expect NAME=VALUE" in proc.stderr
