@@ -230,7 +230,9 @@ def lr_reference(X: np.ndarray, y: np.ndarray, iters: int) -> np.ndarray:
 
 def kmeans_reference(X: np.ndarray, k: int, iters: int, chunk: int = 1 << 16) -> np.ndarray:
     """Centres after ``iters`` Lloyd steps from ``X[:k]``: nearest centre by squared distance
-    (lowest index on a tie), a centre with no point stays. Chunked to bound the memory."""
+    (lowest index on a tie), a centre with no point stays. Chunked to bound the memory. The
+    per-centre sums are a one-hot matrix product: ``np.add.at`` made this reference 2.5x slower
+    (3.2 against 1.2 s for 6 steps over 1M x 20), and ``apps.py`` checks four k-means peers."""
     n, d = X.shape
     c = X[:k].copy()
     for _ in range(iters):
@@ -240,7 +242,9 @@ def kmeans_reference(X: np.ndarray, k: int, iters: int, chunk: int = 1 << 16) ->
             lab = np.argmin((b * b).sum(1)[:, None] - 2.0 * (b @ c.T) + (c * c).sum(1)[None, :],
                             axis=1)
             counts += np.bincount(lab, minlength=k)
-            np.add.at(sums, lab, b)
+            onehot = np.zeros((len(b), k))
+            onehot[np.arange(len(b)), lab] = 1.0
+            sums += onehot.T @ b
         nz = counts > 0
         c = c.copy()
         c[nz] = sums[nz] / counts[nz, None]
