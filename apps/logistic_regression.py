@@ -47,11 +47,12 @@ _LOSS_BLOCK = 512  # rows whose (1 + e^-|z|) factors multiply without overflow: 
 
 
 # One partition per worker by default. Every partition costs each iteration a broadcast gather,
-# a gradient task and a reduce piece, each ~50-100 µs of Python on a cache the kernel has just
-# flushed: LR 400K x 20 took 5.52 ms an iteration with four per worker and 4.90 ms with one
-# (paired -0.70 ms, one faster in 7 of 8 rounds; docs/performance.md §2l). More partitions per worker pay only where tasks vary
-# in cost (benchmarks/micropartition.py), which dense rows do not, and no load balancing moves
-# partitions yet; --partitions chooses more.
+# a gradient task and a reduce piece, tens of µs of Python each on a cache the kernel has just
+# flushed: LR 400K x 20 took 5.72 ms an iteration with four per worker and 5.38 ms with one
+# (16 interleaved rounds; one was faster in 21 of 32 rounds over three batches; see
+# docs/performance.md §2l). More partitions per worker pay only where tasks vary in cost
+# (benchmarks/micropartition.py), which dense rows do not, and nothing moves partitions between
+# workers yet; --partitions chooses more.
 PARTITIONS_PER_WORKER = 1
 
 

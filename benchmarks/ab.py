@@ -117,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                     trace = f"{args.trace}.{side}.json" if args.trace and r == 0 else None
                     got = run_canary(args.app, _data(args.app, size, tmp), args.workers,
                                      args.iters, _extra(args.app) + flags[side], args.timeout,
-                                     trace,
-                                     env_extra=envs[side], root=roots[side])
+                                     trace, env_extra=envs[side], root=roots[side])
                     times[side].append(got["seconds"])
                     row[f"{side}_s"] = got["seconds"]
                     answers[side] = {k: got["summary"].get(k) for k in ANSWER_KEYS

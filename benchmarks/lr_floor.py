@@ -50,9 +50,9 @@ STEP = 0.1  # the floor's gradient step: any fixed step keeps every rank on the 
 
 
 def floor_rank(n: int, d: int, iters: int) -> dict[str, Any] | None:
-    """This MPI rank's part of the floor: as many partitions per rank as canary places on a worker
-    by default (``PARTITIONS_PER_WORKER``); returns (on rank 0) the mean seconds per iteration, first and last excluded, and
-    the final weights."""
+    """This MPI rank's part of the floor: as many partitions per rank as canary places on a
+    worker by default (the app's ``PARTITIONS_PER_WORKER``); returns (on rank 0) the mean
+    seconds per iteration, first and last excluded, and the final weights."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
