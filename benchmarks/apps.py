@@ -5,8 +5,9 @@ For each app and size, in one run:
 * **canary**: ``mpiexec -n W+1 python -m mpi4py apps/<app>.py --generate ... --max-iter K`` with
   ``CANARY_TRACE`` set and ``CANARY_TRACE_LEVEL=loop``: only the loop tests are recorded, every
   other task runs on the untraced path (with ``--trace``, each size's first repeat records
-  everything, at the tracer's cost); the per-iteration time is the mean gap between consecutive instances of
-  the main loop's signal task as the workers recorded them (``canary.trace.iteration_seconds``),
+  everything, at the tracer's cost); the per-iteration time is the mean gap between
+  consecutive instances of the main loop's signal task as the workers recorded them
+  (``canary.trace.iteration_seconds``),
   first and last iteration excluded (as the paper reports). The controller's report timestamps
   are not used: it polls with a back-off of up to 10 ms, so they arrive in bursts. Peak RSS of the largest rank
   (each worker rank's own ``ru_maxrss``, via ``benchmarks/peak_rss.py``) minus the same app's at
