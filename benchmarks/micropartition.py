@@ -124,10 +124,9 @@ def expected_total(workers: int, ppc: int, mode: str, iters_per_task: int, itera
 
 
 def child(args: argparse.Namespace) -> int:
+    from canary.controller.runtime import run_controller
+    from canary.worker.runtime import run_worker
     from mpi4py import MPI
-
-    from controller.runtime import run_controller
-    from worker.runtime import run_worker
 
     comm = MPI.COMM_WORLD
     rank, workers = comm.Get_rank(), comm.Get_size() - 1

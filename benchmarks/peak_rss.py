@@ -57,7 +57,7 @@ def main() -> None:
     if rank > 0:
         # canary.run imports run_worker when it starts the worker: wrap it to see the state it
         # returns (the worker's partitions as they are when the job ends).
-        import worker.runtime as wr
+        import canary.worker.runtime as wr
 
         run_worker = wr.run_worker
 

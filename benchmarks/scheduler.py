@@ -48,14 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import canary.worker.execute  # noqa: E402
+from canary.controller.state import ControllerState  # noqa: E402
+from canary.worker.chain import CHAINS, ChainCache  # noqa: E402
+from canary.worker.execute import run_task  # noqa: E402
+from canary.worker.state import RunTask, WorkerState  # noqa: E402
+
 import canary  # noqa: E402
-import canary.execute  # noqa: E402
-from canary.chain import CHAINS, ChainCache  # noqa: E402
-from canary.execute import run_task  # noqa: E402
 from canary.messages import CONTROLLER, Callback, Finish, Send, Shutdown  # noqa: E402
 from canary.trace import Tracer, gather_and_write, trace_path  # noqa: E402
-from controller.state import ControllerState  # noqa: E402
-from worker.state import RunTask, WorkerState  # noqa: E402
 
 LENGTHS_US = (0.0, 1.0, 3.0, 10.0, 20.0, 30.0, 100.0, 300.0, 1000.0)
 QUICK_LENGTHS_US = (0.0, 10.0)
@@ -193,16 +194,15 @@ def run_inproc(program: canary.Program, window: int = 64,
 # ------------------------------------------------------------------ MPI child
 def mpi_child(args: argparse.Namespace) -> int:
     """Runs under mpiexec: every point of the sweep as its own job on a duplicated communicator."""
+    from canary.controller.runtime import run_controller
+    from canary.worker.runtime import run_worker
     from mpi4py import MPI
-
-    from controller.runtime import run_controller
-    from worker.runtime import run_worker
 
     comm = MPI.COMM_WORLD
     rank, workers = comm.Get_rank(), comm.Get_size() - 1
     busy_kernel(np.array([1.0, 1.0]))  # load the compiled kernel before timing
     # JIT warm-up, as for the kernel: one untimed job long enough for the engine to compile the
-    # stretch loop (canary.chain compiles a body after CANARY_COMPILE_AFTER tasks in Python).
+    # stretch loop (canary.worker.chain compiles a body after CANARY_COMPILE_AFTER tasks in Python).
     warm = comm.Dup()
     # Each worker holds ppc partitions; run twice the threshold so the compile lands in here.
     prog = build_program(workers, args.ppc, 0, 2 * CHAINS.compile_after // args.ppc + 2)
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     inproc: list[dict[str, Any]] = []
     if not args.no_inproc:
         for variant, max_fused, compile_after in INPROC_VARIANTS:
-            canary.execute.CHAINS = ChainCache(compile_after)
+            canary.worker.execute.CHAINS = ChainCache(compile_after)
             for length, iters, kns in plan:
                 stages = stages_for(length, 1, args.ppc, target, min_tasks, max_tasks)
                 if variant == "fused_compiled":  # JIT warm-up, like the kernel's own
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                        "tasks_per_s_per_core": round(tasks / busy, 1)}
                 inproc.append(row)
                 print(json.dumps(row), flush=True)
-        canary.execute.CHAINS = CHAINS
+        canary.worker.execute.CHAINS = CHAINS
 
     mpi_rows: dict[int, list[dict[str, Any]]] = {}
     for w in worker_counts:

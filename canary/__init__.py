@@ -5,6 +5,7 @@ rank, then call :func:`run` under ``mpiexec`` (or ``canary run -n N``), or :func
 run all roles in one process.
 """
 
+from canary import _checkout  # noqa: F401 - first: the roles' import names
 from canary.errors import (
     CanaryError,
     DeclarationError,
@@ -13,9 +14,10 @@ from canary.errors import (
     ProgramMismatchError,
     TaskError,
 )
-from canary.harness import JobResult, run_local
+from canary.local_runner import run_local
+from canary.mpi_runner import run
 from canary.program import Dataset, Program, ReportEvent, Stage
-from canary.runtime import run
+from canary.result import JobResult
 
 __all__ = [
     "CanaryError",

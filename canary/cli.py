@@ -74,10 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         from canary.sim.cli import main as simulate
 
         return simulate(argv[1:])
-    if argv and argv[0] == "plot":
-        from canary.plot import main as plot
-
-        return plot(argv[1:])
     ap = argparse.ArgumentParser(prog="canary", description="Canary dataflow engine.")
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a driver: mpiexec -n N+1 python -m mpi4py SCRIPT ARGS")
@@ -89,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("simulate", help="scheduling simulator (see `canary simulate --help`)")
-    sub.add_parser("plot", help="render benchmark JSON lines into PNG charts")
     args = ap.parse_args(argv)
     try:
         return _run(args)

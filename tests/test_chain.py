@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import canary.worker.execute
 import numba
 import numpy as np
 import pytest
+from canary.worker.chain import ChainCache, split_period
 
 import canary
-import canary.execute
 from canary import Program, TaskError
-from canary.chain import ChainCache, split_period
 
 
 @numba.njit(cache=True)
@@ -65,7 +65,7 @@ def loop_program(body: list, iters: int, parts: int = 3) -> Program:
 @pytest.fixture
 def chains(monkeypatch: pytest.MonkeyPatch) -> ChainCache:
     cache = ChainCache(compile_after=0)
-    monkeypatch.setattr(canary.execute, "CHAINS", cache)
+    monkeypatch.setattr(canary.worker.execute, "CHAINS", cache)
     return cache
 
 

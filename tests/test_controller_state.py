@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from canary.controller.state import ControllerState
 
 from canary.messages import (
     Abort,
@@ -19,7 +20,6 @@ from canary.messages import (
     Shutdown,
 )
 from canary.program import Program, ReportEvent
-from controller.state import ControllerState
 
 
 def program(parts: int = 4, callback: object = None) -> Program:

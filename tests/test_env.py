@@ -39,7 +39,7 @@ def test_bad_values_name_the_variable_and_what_to_set(raw: str, integer: bool,
 
 def test_a_typo_in_canary_compile_after_stops_the_import() -> None:
     # read at import time: the process must fail with the variable's name, not run on a default
-    proc = subprocess.run([sys.executable, "-c", "import canary.chain"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", "import canary.worker.chain"], cwd=ROOT,
                           env={"CANARY_COMPILE_AFTER": "2e5x", "PATH": ""},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0

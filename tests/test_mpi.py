@@ -165,3 +165,14 @@ def test_a_piece_in_flight_keeps_its_values_when_its_partition_is_updated_in_pla
         # got[j] came from partition 1 - j, whose value was (2 - j) * 3^(iterations - 1)
         want = [[(2 - j) * 3.0 ** (iterations - 1)] * 2 for j in range(2)]
         assert out[name] == want, (name, out)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_driver_may_use_comm_world_while_canary_runs_on_it(ranks: int) -> None:
+    # The user's messages use canary's own tags and stay in flight for the whole job: canary
+    # must not take them for its own (it talks on a Dup of the communicator it is given).
+    r = mpirun(ranks, str(DRIVERS / "user_messages.py"), timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = summary(r.stdout)
+    assert out["s"] == [sum(i + 5.0 for i in range(4))] * 2
+    assert out["user"] == [["user", k, [float(k)] * 4] for k in range(1, ranks)]

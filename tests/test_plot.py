@@ -1,11 +1,11 @@
-"""``canary plot`` renders benchmark JSON lines into PNG files."""
+"""``benchmarks/plot.py`` renders benchmark JSON lines into PNG files."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from canary.plot import main
+from benchmarks.plot import main
 
 
 def write(path: Path, rows: list[dict]) -> str:

@@ -7,22 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from canary.execute import run_task
-from canary.messages import (
-    Done,
-    Hello,
-    Piece,
-    PieceBatch,
-    Placement,
-    ReportPart,
-    Send,
-    Signal,
-    TaskDone,
-)
-from canary.partition_map import PartitionMap
-from canary.program import Program
-from worker.state import (
+from canary.worker.execute import run_task
+from canary.worker.state import (
     FUSE_MAX,
     FUSE_MIN_INSTANCES,
     FUSE_TARGET,
@@ -40,6 +26,20 @@ from worker.state import (
     is_urgent,
     stretch_budget,
 )
+
+from canary.messages import (
+    Done,
+    Hello,
+    Piece,
+    PieceBatch,
+    Placement,
+    ReportPart,
+    Send,
+    Signal,
+    TaskDone,
+)
+from canary.partition_map import PartitionMap
+from canary.program import Program
 
 
 def reduce_program() -> tuple[Program, int]:

@@ -6,17 +6,17 @@ import time
 from collections import deque
 from typing import Any
 
+from canary.worker.execute import run_task
+from canary.worker.state import K_COMPUTE, K_FUSED, K_SIGNAL, RunTask, Task, WorkerState, is_urgent
 from mpi4py import MPI
 
 from canary.env import env_number
 from canary.errors import JobAborted, TaskError
-from canary.execute import run_task
 from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
 from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
-from worker.state import K_COMPUTE, K_FUSED, K_SIGNAL, RunTask, Task, WorkerState, is_urgent
 
 POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
 MAX_BATCH = 64

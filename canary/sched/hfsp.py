@@ -32,7 +32,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from canary.sched.queues import Item
+from canary.sched.item import Item
 
 __all__ = [
     "JOB_POLICIES",

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+
+from canary.sched.hfsp import HfspQueue
+from canary.sched.item import Item, WorkerQueue
 
 __all__ = [
     "QUEUE_POLICIES",
@@ -29,35 +31,6 @@ __all__ = [
     "WorkerQueue",
     "make_queue",
 ]
-
-
-@dataclass(slots=True)
-class Item:
-    """One queued unit of work.
-
-    ``priority``: 0 is the most urgent level (strict priority serves lower
-    numbers first).  ``cost``: service the item is expected to need, used by
-    weighted fair queuing (1 means "count tasks").  ``job_tasks`` and
-    ``size_hint`` feed the size-based policy (see :mod:`canary.sched.hfsp`).
-    """
-
-    job: int
-    user: int = 0
-    priority: int = 0
-    cost: float = 1.0
-    job_tasks: int = 1
-    size_hint: float | None = None
-    payload: Any = None
-
-
-class WorkerQueue(Protocol):
-    def push(self, item: Item, now: float) -> None: ...
-
-    def pop(self, now: float) -> Item | None: ...
-
-    def __len__(self) -> int: ...
-
-    def task_finished(self, item: Item, now: float, duration: float) -> None: ...
 
 
 class FifoQueue:
@@ -187,7 +160,5 @@ def make_queue(name: str, **kwargs: Any) -> WorkerQueue:
     if name == "fair":
         return WeightedFairQueue(**kwargs)
     if name == "hfsp":
-        from canary.sched.hfsp import HfspQueue
-
         return HfspQueue(**kwargs)
     raise ValueError(f"unknown queue policy {name!r}; choose from {', '.join(QUEUE_POLICIES)}")

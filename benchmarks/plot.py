@@ -1,11 +1,11 @@
-"""``canary plot``: render the benchmarks' JSON lines into PNG charts (matplotlib).
+"""``python benchmarks/plot.py``: render the benchmarks' JSON lines into PNG charts (matplotlib).
 
     python benchmarks/scheduler.py > sched.jsonl
     python benchmarks/apps.py > apps.jsonl
     python benchmarks/micropartition.py > micro.jsonl
     python benchmarks/hop_latency.py > hop.jsonl
     python benchmarks/lr_floor.py > floor.jsonl
-    canary plot sched.jsonl apps.jsonl micro.jsonl hop.jsonl floor.jsonl --out docs/img
+    python benchmarks/plot.py sched.jsonl apps.jsonl micro.jsonl hop.jsonl floor.jsonl --out docs/img
 
 Each file's kind is read from its summary line (``"summary": "scheduler" | "apps" |
 "micropartition" | "hop_latency" | "lr_floor"``); the charts written are
@@ -202,7 +202,7 @@ PLOTTERS = {"scheduler": plot_scheduler, "apps": plot_apps, "micropartition": pl
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="canary plot",
+    ap = argparse.ArgumentParser(prog="benchmarks/plot.py",
                                  description="Render benchmark JSON lines into PNG charts.")
     ap.add_argument("files", nargs="+", help="outputs of benchmarks/*.py (JSON lines)")
     ap.add_argument("--out", default=".", help="folder for the PNG files (created)")
@@ -212,17 +212,17 @@ def main(argv: list[str] | None = None) -> int:
 
         matplotlib.use("Agg")
     except ImportError:
-        print("canary plot: matplotlib is not installed (pip install -e .[plot])", file=sys.stderr)
+        print("plot.py: matplotlib is not installed (pip install -e .[plot])", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     for path in args.files:
         if not os.path.exists(path):
-            print(f"canary plot: no such file: {path}", file=sys.stderr)
+            print(f"plot.py: no such file: {path}", file=sys.stderr)
             return 2
         rows = read_lines(path)
         kind = kind_of(rows)
         if kind not in PLOTTERS:
-            print(f"canary plot: {path} has no benchmark summary line (expected the output of "
+            print(f"plot.py: {path} has no benchmark summary line (expected the output of "
                   f"benchmarks/scheduler.py, apps.py, micropartition.py, hop_latency.py or "
                   f"lr_floor.py)",
                   file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Reader and generator speed: ``python -m canary.io.bench [DIR]``.
+"""Reader and generator speed: ``python benchmarks/io_bench.py [DIR]``.
 
 Writes its inputs under DIR (default: a fresh temporary directory, kept so
 repeated runs can reuse it if passed back), then prints the best of 3 runs of

@@ -7,9 +7,12 @@ import time
 import traceback
 from typing import Any
 
+from canary.env import env_number
 from canary.errors import JobAborted
-from canary.harness import JobResult, run_local
+from canary.idle import Backoff
+from canary.local_runner import run_local
 from canary.program import Program
+from canary.result import JobResult
 from canary.trace import Tracer, gather_and_write, trace_level, trace_path
 
 
@@ -30,9 +33,10 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     """
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD if comm is None else comm
-    assert isinstance(comm, MPI.Comm)
-    rank, size = comm.Get_rank(), comm.Get_size()
+    given = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(given, MPI.Comm):
+        raise TypeError(f"canary.run: comm must be an mpi4py communicator, got {given!r}")
+    rank, size = given.Get_rank(), given.Get_size()
     if size == 1:
         print("canary: one MPI rank, so running in-process with one worker "
               "(use `canary run -n N` for N workers)", file=sys.stderr)
@@ -41,16 +45,21 @@ def run(program: Program, comm: object | None = None, window: int = 64,
                   file=sys.stderr)
         return run_local(program, workers=1)
     path = trace_path(trace)
+    comm = given
     try:
+        _join(given, env_number("CANARY_STARTUP_TIMEOUT", 120.0))
+        # The engine talks on its own copy of the communicator: a driver that also uses the one
+        # it passed (COMM_WORLD, say) cannot receive canary's messages or collide with its tags.
+        comm = given.Dup()
         tracer = (Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}",
                          loop_only=trace_level() == "loop") if path else None)
         result: JobResult | None = None
         if rank == 0:
-            from controller.runtime import run_controller
+            from canary.controller.runtime import run_controller
 
             result = run_controller(program, comm, tracer=tracer)
         else:
-            from worker.runtime import run_worker
+            from canary.worker.runtime import run_worker
 
             run_worker(program, comm, window, tracer=tracer)
         if tracer is not None and path:
@@ -59,6 +68,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
             if rank == 0:
                 print(f"canary: trace written to {path} (open it in https://ui.perfetto.dev)",
                       file=sys.stderr, flush=True)
+        comm.Free()
         return result
     except JobAborted:
         # Rank 0 printed the reason when it decided to abort and now ends every rank. A worker
@@ -69,6 +79,45 @@ def run(program: Program, comm: object | None = None, window: int = 64,
               flush=True)
         _abort(comm, linger=1.0)
     return None  # pragma: no cover - Abort does not return
+
+
+# A tag within the range every MPI allows (up to 32767), used once per rank before the Dup.
+JOIN_TAG = 32761
+
+
+def _join(comm: Any, timeout: float) -> None:
+    """Return once every rank of ``comm`` has entered :func:`run`.
+
+    Workers tell rank 0 they are here; rank 0 waits at most ``timeout`` seconds (the
+    environment variable ``CANARY_STARTUP_TIMEOUT``, default 120) and otherwise raises
+    :class:`JobAborted` naming the ranks that never came: a driver that failed on one rank
+    while declaring would leave the others blocked forever in the collective ``Dup`` when the
+    job was not launched through ``python -m mpi4py`` (which ends every rank when one fails).
+    """
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if rank != 0:
+        comm.send(None, dest=0, tag=JOIN_TAG)  # a few bytes: sent eagerly, returns at once
+        return
+    missing = set(range(1, size))
+    status = MPI.Status()
+    backoff = Backoff(max_sleep=1e-2)
+    end = time.monotonic() + timeout
+    while missing:
+        if comm.Iprobe(MPI.ANY_SOURCE, JOIN_TAG, status):
+            src = status.Get_source()
+            comm.recv(source=src, tag=JOIN_TAG)
+            missing.discard(src)
+        elif time.monotonic() > end:
+            reason = (f"rank(s) {sorted(missing)} never started the program within "
+                      f"{timeout:.0f} s (did the driver fail there while declaring? launch "
+                      "with `canary run` or `mpiexec ... python -m mpi4py` so that a failure "
+                      "on any rank ends the whole job)")
+            print(f"canary: job aborted: {reason}", file=sys.stderr, flush=True)
+            raise JobAborted(reason)
+        else:
+            backoff.sleep()
 
 
 def _abort(comm: Any, linger: float) -> None:

@@ -13,10 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-from canary.chain import CHAINS, is_compile_error
-from canary.messages import TaskDone, TaskFailed
-from worker.state import (
+from canary.worker.chain import CHAINS, is_compile_error
+from canary.worker.state import (
     K_COMPUTE,
     K_FUSED,
     K_GATHER,
@@ -27,6 +25,8 @@ from worker.state import (
     Task,
     WorkerState,
 )
+
+from canary.messages import TaskDone, TaskFailed
 
 
 class ResultError(TypeError):

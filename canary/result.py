@@ -1,0 +1,38 @@
+"""What a finished job returns on rank 0: :class:`JobResult` (both runners build one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class JobResult:
+    """What a finished job returns on rank 0 (and from :func:`run_local`)."""
+
+    results: dict[str, list[np.ndarray]]
+    tasks_run: int
+    workers: int
+    seconds: float = 0.0
+    controller_received: dict[str, int] = field(default_factory=dict)
+    controller_sent: dict[str, int] = field(default_factory=dict)
+    controller_cpu_seconds: float = 0.0
+    worker_sent: dict[str, int] = field(default_factory=dict)
+
+    def value(self, name: str) -> np.ndarray:
+        """The single partition of reported one-partition dataset ``name``."""
+        if name not in self.results:
+            raise KeyError(f"dataset '{name}' was never reported; add program.report({name!r}...)")
+        return self.results[name][0]
+
+    def concat(self, name: str) -> np.ndarray:
+        """All partitions of reported dataset ``name`` stacked along axis 0."""
+        return np.concatenate(self.results[name], axis=0)
+
+    @property
+    def scheduling_messages(self) -> int:
+        """Messages the controller sent or received other than reports: these must not grow
+        with iterations or partitions once the job is placed."""
+        recv = sum(v for k, v in self.controller_received.items() if k != "ReportPart")
+        return recv + sum(self.controller_sent.values())

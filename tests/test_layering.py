@@ -1,0 +1,116 @@
+"""Imports go one way: core <- roles <- runners <- public API, with no cycle anywhere.
+
+Every ``import`` statement of the installed package is read (those inside functions too), so a
+lazy import cannot hide a dependency that goes the wrong way.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+from tests.conftest import ROOT
+
+# Where each import name lives in the repository (setuptools' package_dir in pyproject.toml).
+FOLDERS = {"canary": ROOT / "canary", "canary.worker": ROOT / "worker",
+           "canary.controller": ROOT / "controller"}
+CORE, ROLES, RUNNERS, PUBLIC = 0, 1, 2, 3
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by its import name."""
+    found: dict[str, Path] = {}
+    for prefix, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            name = ".".join([prefix, *parts])
+            if name.split(".")[1:2] in (["worker"], ["controller"]) and prefix == "canary":
+                continue  # not part of canary/ itself
+            found[name] = path
+    return found
+
+
+def layer(name: str) -> int:
+    if name.startswith(("canary.worker", "canary.controller")):
+        return ROLES
+    if name in ("canary.local_runner", "canary.mpi_runner"):
+        return RUNNERS
+    if name in ("canary", "canary.cli", "canary.script"):
+        return PUBLIC
+    return CORE
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The package's modules that ``path`` (module ``name``) imports."""
+    out: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            # a package's own __init__ is imported before any of its modules anyway
+            if t and t != name and not name.startswith(t + "."):
+                out.add(t)
+    return out
+
+
+def import_graph() -> nx.DiGraph:
+    mods = modules()
+    g = nx.DiGraph()
+    g.add_nodes_from(mods)
+    for name, path in mods.items():
+        for t in imports(path, name, set(mods)):
+            g.add_edge(name, t)
+    return g
+
+
+def test_every_role_module_is_found_under_its_install_name() -> None:
+    mods = modules()
+    assert "canary.worker.state" in mods and "canary.controller.state" in mods
+    assert "canary.worker.execute" in mods and "canary.local_runner" in mods
+
+
+def test_imports_go_one_way_from_core_to_roles_to_runners_to_the_public_api() -> None:
+    g = import_graph()
+    wrong = [(a, b) for a, b in g.edges if layer(b) > layer(a)]
+    assert not wrong, f"imports against the layering: {wrong}"
+    across = [(a, b) for a, b in g.edges if layer(a) == ROLES and layer(b) == ROLES
+              and a.split(".")[1] != b.split(".")[1]]
+    assert not across, f"a role imports the other role: {across}"
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    g = import_graph()
+    cycles = list(nx.simple_cycles(g))
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_install_adds_one_import_name_and_every_package_under_it() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages, folders = config["packages"], config["package-dir"]
+    assert {p.split(".")[0] for p in packages} == {"canary"}
+    assert {k: ROOT / v for k, v in folders.items()} == FOLDERS
+    # every folder of modules below a mapped folder is a listed package (none left out)
+    listed = set(packages)
+    for prefix, folder in FOLDERS.items():
+        for init in folder.rglob("__init__.py"):
+            rel = init.parent.relative_to(folder).parts
+            name = ".".join([prefix, *rel])
+            if prefix == "canary" and rel[:1] in (("worker",), ("controller",)):
+                continue
+            assert name in listed, f"{init.parent} holds modules but {name} is not in packages"
