@@ -79,7 +79,7 @@ class PartitionMap:
 
 
 def route_incoming(me: int, owner: int, my_version: int, sender_version: int) -> str:
-    """Decide what a worker does with data addressed to a partition (DESIGN.md §5).
+    """Decide what a worker does with data addressed to a partition.
 
     ``owner``/``my_version`` are the receiver's map entry, ``sender_version`` the entry version
     the sender routed by. A sender with a newer version knows of a move the receiver has not

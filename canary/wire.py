@@ -2,9 +2,9 @@
 
 A :class:`Piece`, :class:`PieceBatch`, :class:`Signal` or :class:`ReportPart` crosses the wire
 every iteration, often on the critical path between two workers. Pickled as a slots dataclass
-holding a small numpy array, a piece cost ~24 µs to pickle and ~12 µs to unpickle on the
-development VM (numpy's ``__reduce__`` is most of it); a tuple of ints and the array's raw bytes
-costs ~3 µs. So those travel as tuples tagged with a small int; every other message (they are
+holding a small numpy array, a piece costs several times more to pickle and unpickle than a tuple
+of ints and the array's raw bytes (numpy's ``__reduce__`` is most of it). So those travel as
+tuples tagged with a small int; every other message (they are
 rare: hello, placement, done, shutdown, abort) travels pickled as it is, inside a tuple tagged 0,
 so that any object, a tuple included, comes back as it was sent.
 
@@ -46,8 +46,8 @@ def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
         if not (_raw_ok(arr0) and all(type(p.array) is np.ndarray and p.array.dtype == arr0.dtype
                                       and p.array.shape == arr0.shape for p in pieces)):
             return (_OTHER, msg), None
-        # One header and one byte string for all: a batch of four cost 3.5x a lone piece when
-        # each piece carried its own bytes (~9 against 2.6 µs packed, 12 against 3 unpacked).
+        # One header and one byte string for all: with a byte string per piece, a batch cost
+        # about as much to pack and unpack as its pieces sent alone.
         return (_BATCH, msg.eid, tuple((p.eid, p.seq, p.dataset, p.src, p.dsts, p.versions)
                                        for p in pieces),
                 arr0.dtype.str, arr0.shape,

@@ -114,3 +114,15 @@ def test_the_install_adds_one_import_name_and_every_package_under_it() -> None:
             if prefix == "canary" and rel[:1] in (("worker",), ("controller",)):
                 continue
             assert name in listed, f"{init.parent} holds modules but {name} is not in packages"
+
+
+def test_mpi_is_imported_in_the_few_modules_that_talk_to_it() -> None:
+    importers = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "mpi4py" for n in names):
+                importers.add(name)
+    assert importers == {"canary.mpi_transport", "canary.mpi_runner", "canary.script",
+                         "canary.worker.runtime", "canary.controller.runtime"}

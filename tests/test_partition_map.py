@@ -1,4 +1,4 @@
-"""The versioned partition map and the hold/forward rule of DESIGN.md §5."""
+"""The versioned partition map and the hold/forward rule for data that reaches a non-owner."""
 
 from __future__ import annotations
 
