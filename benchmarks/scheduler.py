@@ -51,11 +51,13 @@ if str(ROOT) not in sys.path:
 import canary.worker.execute  # noqa: E402
 from canary.controller.state import ControllerState  # noqa: E402
 from canary.worker.chain import CHAINS, ChainCache  # noqa: E402
+from canary.worker.config import WorkerConfig  # noqa: E402
 from canary.worker.execute import run_task  # noqa: E402
-from canary.worker.state import RunTask, WorkerState  # noqa: E402
+from canary.worker.state import WorkerState  # noqa: E402
+from canary.worker.tasks import RunTask  # noqa: E402
 
 import canary  # noqa: E402
-from canary.messages import CONTROLLER, Callback, Finish, Send, Shutdown  # noqa: E402
+from canary.messages import CONTROLLER, Callback, Finish, Resume, Send, Shutdown, Yield  # noqa: E402
 from canary.trace import Tracer, gather_and_write, trace_path  # noqa: E402
 
 LENGTHS_US = (0.0, 1.0, 3.0, 10.0, 20.0, 30.0, 100.0, 300.0, 1000.0)
@@ -153,21 +155,29 @@ def run_inproc(program: canary.Program, window: int = 64,
     ``worker.runtime`` without MPI. Returns (busy seconds, tasks run, final partitions)."""
     program.finalize()
     ctrl = ControllerState(program, 1)
-    ws = WorkerState(program, 0, 1, window, max_fused)
+    # fused stretches keep the size they start with, as before the MPI runtime has timed one
+    ws = WorkerState(program, 0, 1, WorkerConfig(window=window, max_fused=max_fused,
+                                                 adapt_fused=False))
     to_ctrl: deque[Any] = deque()
     to_worker: deque[Any] = deque()
-    runq: deque[Any] = deque()
+    task: Any = None  # the task the state handed out
+    resume = False  # the state yielded
 
     def apply(instrs: list[Any]) -> None:
+        nonlocal task, resume
         for ins in instrs:
-            if isinstance(ins, RunTask):
-                runq.append(ins.task)
+            kind = type(ins)
+            if kind is RunTask:
+                task = ins.task
+            elif kind is Yield:
+                resume = True
             else:
                 (to_ctrl if ins.dest == CONTROLLER else to_worker).append(ins.message)
 
     apply(ws.start())
     t_first = t_done = 0.0  # process CPU time: robust to other processes on a shared machine
     finished = False
+    handle = ws.handle
     while not finished:
         while to_ctrl:
             for ins in ctrl.handle(to_ctrl.popleft()):
@@ -178,15 +188,19 @@ def run_inproc(program: canary.Program, window: int = 64,
                 elif isinstance(ins, Finish):
                     finished = True
         while to_worker:
-            apply(ws.handle(to_worker.popleft()))
-            if runq and not t_first:
+            apply(handle(to_worker.popleft()))
+            if task is not None and not t_first:
                 t_first = time.process_time()
-        popleft, handle = runq.popleft, ws.handle
-        while runq:
-            apply(handle(run_task(ws, popleft())))
+        while task is not None or resume:
+            if task is not None:
+                current, task, resume = task, None, False
+                apply(handle(run_task(ws, current)))
+            else:
+                resume = False
+                apply(handle(Resume(0)))
         if ws.done_sent and not t_done:
             t_done = time.process_time()
-        if not (to_ctrl or to_worker or runq or finished):
+        if not (to_ctrl or to_worker or task is not None or finished):
             raise RuntimeError("in-process run stalled")
     return t_done - t_first, ws.tasks_run, ctrl.results["data"]
 

@@ -15,13 +15,14 @@ class PartitionMismatchError(DeclarationError):
     """A compute stage names datasets whose partition counts differ."""
 
 
-class ProgramMismatchError(CanaryError):
-    """Two ranks declared different statement lists (a nondeterministic driver)."""
-
-
 class TaskError(CanaryError):
     """A task (kernel, loader, signal or gather function) raised; the message names rank, stage and partition."""
 
 
 class JobAborted(CanaryError):
     """Another rank failed and the controller aborted the job."""
+
+
+class ProgramMismatchError(JobAborted):
+    """Two ranks declared different statement lists (a nondeterministic driver): the controller
+    aborts the job, naming the first statement that differs."""

@@ -3,8 +3,12 @@
 The transport is a seeded discrete-event simulation in virtual time: every message gets a
 random delay and every task a random duration, and the only ordering kept is the one MPI
 guarantees (messages from one sender to one receiver arrive in the order sent). Messages of
-different senders therefore interleave in a seed-dependent order, and ready tasks on a worker
-are picked in a seed-dependent order. The same job must give the same answer under every seed.
+different senders therefore interleave in a seed-dependent order. Each worker's state machine
+decides which of its ready tasks runs next, exactly as over MPI (urgent first, then in order);
+``shuffle_ready`` makes it pick in a seeded random order instead, so that tests see every
+order a worker could run its tasks in. The same job must give the same answer under every seed.
+The same seed gives the same run: nothing here depends on the wall clock (fused stretches keep
+the size they start with, since virtual durations say nothing about real ones).
 """
 
 from __future__ import annotations
@@ -12,13 +16,12 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from functools import partial
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from canary.controller.state import ControllerState
-from canary.errors import JobAborted, TaskError
 from canary.messages import (
     CONTROLLER,
     Callback,
@@ -27,13 +30,19 @@ from canary.messages import (
     Piece,
     PieceBatch,
     ReportPart,
+    Resume,
     Send,
     Shutdown,
+    TaskDone,
+    local_event_id,
+    worker_rank,
 )
 from canary.program import Program
 from canary.result import JobResult
+from canary.worker.config import WorkerConfig
 from canary.worker.execute import run_task
-from canary.worker.state import RunTask, WorkerState
+from canary.worker.state import WorkerState
+from canary.worker.tasks import K_LOAD, RunTask
 
 
 def validate_cluster(ctrl: ControllerState, states: list[WorkerState]) -> None:
@@ -72,24 +81,30 @@ def run_local(
     validate: bool = False,
     max_events: int = 50_000_000,
     max_fused: int = 1024,
+    shuffle_ready: bool = False,
+    config: WorkerConfig | None = None,
 ) -> JobResult:
     """Run ``program`` on ``workers`` simulated workers; return the job's result.
 
-    Raises :class:`TaskError` with the failing task's message if user code fails, and
-    RuntimeError if the job deadlocks (no event left before every worker is done), which
-    would be an engine bug. ``validate=True`` checks every state's invariants after each event.
-    ``max_fused`` bounds the tasks a fused compute stretch stands for (below 2: no fusion).
+    Raises :class:`canary.TaskError` with the failing task's message if user code fails (the
+    error the controller names), and RuntimeError if the job deadlocks (no event left before
+    every worker is done), which would be an engine bug. ``validate=True`` checks every state's
+    invariants and the cross-role invariant after each event. ``window`` and ``max_fused``
+    (below 2: no fusion) set the workers' :class:`WorkerConfig`, or ``config`` gives all of it.
     """
     program.finalize()
     rng = random.Random(seed)
+    if config is None:
+        config = WorkerConfig(window=window, max_fused=max_fused)
     ctrl = ControllerState(program, workers)
-    states = [WorkerState(program, w, workers, window, max_fused) for w in range(workers)]
+    states = [WorkerState(program, w, workers, replace(
+        config, adapt_fused=False, ready_order_seed=seed * 1009 + w if shuffle_ready else None))
+        for w in range(workers)]
     heap: list[tuple[float, int, int, Any]] = []
     last_arrival: dict[tuple[int, int], float] = {}
-    ready: list[list[RunTask]] = [[] for _ in range(workers)]
-    busy = [False] * workers
     counter = 0
     now = 0.0
+    events = 0
     outcome: list[Any] = []
     t0 = time.perf_counter()
 
@@ -110,49 +125,31 @@ def run_local(
         last_arrival[key] = t
         push(t, msg.dest, m)
 
-    for w, st in enumerate(states):  # as worker.runtime does: messages leave when decided,
-        st.send_now = partial(send, w + 1)  # and emission pauses for a loop body's scatter
-        st.pause_for_sends = True
-
     def apply_worker(w: int, instrs: list[Any]) -> None:
+        """Carry out a worker's instructions as its MPI runtime would: send, run the task it
+        hands out (done after a random virtual duration), resume after a yield."""
+        rank = worker_rank(w)
         for ins in instrs:
-            if isinstance(ins, RunTask):
-                ready[w].append(ins)
-            else:
-                send(w + 1, ins)
-        # A paused interpreter resumes at the latest when nothing is ready (the runtime's rule
-        # is "once the urgent tasks have run"; a random earlier resume covers every order).
-        if states[w].paused and (not ready[w] or rng.random() < 0.5):
-            apply_worker(w, states[w].resume())
-            return
-        maybe_start(w)
-
-    def maybe_start(w: int) -> None:
-        if busy[w] or not ready[w]:
-            return
-        k = rng.randrange(len(ready[w]))
-        ready[w][k], ready[w][-1] = ready[w][-1], ready[w][k]
-        ins = ready[w].pop()
-        busy[w] = True
-        ev = run_task(states[w], ins.task)
-        push(now + rng.expovariate(1.0 / mean_task), -(w + 1), ev)
+            if type(ins) is Send:
+                send(rank, ins)
+            elif type(ins) is RunTask:
+                ev = run_task(states[w], ins.task, local_event_id(rank, counter + 1))
+                if workers > 1 and ins.task.kind == K_LOAD and type(ev) is TaskDone:
+                    # each worker process calls the loader in its own memory: an array a loader
+                    # keeps and returns to every worker must not be shared by workers here
+                    ev.outputs = tuple(np.array(v, copy=True) for v in ev.outputs)
+                push(now + rng.expovariate(1.0 / mean_task), -rank, ev)
+            else:  # Yield: the sends above are out; go on at once
+                push(now, -rank, Resume(local_event_id(rank, counter + 1)))
 
     for w, st in enumerate(states):
         apply_worker(w, st.start())
-    events = 0
     while heap and not outcome:
         now, _, dest, item = heapq.heappop(heap)
         events += 1
         if events > max_events:
             raise RuntimeError(f"run_local: more than {max_events} events; raise max_events")
-        if dest < 0:  # a task finished on worker -dest-1
-            w = -dest - 1
-            busy[w] = False
-            apply_worker(w, states[w].handle(item))
-            if validate:
-                states[w].validate_state()
-                validate_cluster(ctrl, states)
-        elif dest == CONTROLLER:
+        if dest == CONTROLLER:
             if isinstance(item, ReportPart):
                 item.seconds = time.perf_counter() - t0  # wall time, as on MPI
             for ins in ctrl.handle(item):
@@ -165,25 +162,21 @@ def run_local(
                     outcome.append(ins)
             if validate:
                 ctrl.validate_state()
-                validate_cluster(ctrl, states)
         else:
-            w = dest - 1
+            w = abs(dest) - 1  # dest < 0: the worker's own event (a task done, a resume)
             apply_worker(w, states[w].handle(item))
             if validate:
                 states[w].validate_state()
-                validate_cluster(ctrl, states)
+        if validate:
+            validate_cluster(ctrl, states)
     if not outcome:
         stuck = [(s.worker, s.pc, s.seq, len(s.tasks)) for s in states]
         raise RuntimeError(f"run_local: job stopped making progress (worker, pc, seq, tasks): {stuck}")
     if isinstance(outcome[0], Fail):
-        reason = outcome[0].reason
-        if " failed:\n" in reason:
-            raise TaskError(reason)
-        raise JobAborted(reason)
+        raise outcome[0].error(outcome[0].reason)
     worker_sent: dict[str, int] = {}
     for s in states:
         for k, v in s.sent.items():
             worker_sent[k] = worker_sent.get(k, 0) + v
     return JobResult(ctrl.results, ctrl.tasks_run, workers, time.perf_counter() - t0,
-                     dict(ctrl.received),
-                     dict(ctrl.sent), 0.0, worker_sent)
+                     dict(ctrl.received), dict(ctrl.sent), 0.0, worker_sent)

@@ -3,7 +3,10 @@
 Messages are plain dataclasses. On the wire, pieces, signals and report parts travel as compact
 tuples and other messages pickled (``canary.wire``); the ``array`` of a :class:`Piece` or
 :class:`ReportPart` travels as a raw buffer when it is large (see ``canary.mpi_transport``).
-Every message carries ``eid``, unique per sending rank, so a run can be traced.
+Every message and every event carries ``eid``, unique per rank (a message's is its sender's), and
+every instruction carries ``cause``, the ``eid`` of the event whose handling produced it, so a run
+can be traced from any decision back to what caused it. Instructions compare by value; in a test,
+``Send.match(dest=1)`` stands for any :class:`Send` to rank 1 (see :meth:`Instruction.match`).
 Ranks: 0 is the controller, worker ``w`` (0-based) is rank ``w + 1``.
 """
 
@@ -13,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from canary.errors import JobAborted
 
 if TYPE_CHECKING:
     from canary.partition_map import PartitionMap
@@ -25,9 +30,69 @@ def worker_rank(worker: int) -> int:
     return worker + 1
 
 
+def local_event_id(rank: int, n: int) -> int:
+    """The ``eid`` of the ``n``-th local event (a task finished, a resume) on ``rank``: unique
+    per rank and never equal to the ``eid`` of a message the rank sends."""
+    return (rank << 40) | (1 << 39) | n
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equality for message fields: arrays equal in dtype, shape and every element."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and bool(np.array_equal(a, b)))
+    return bool(a == b)
+
+
+def _fields_equal(a: Any, b: Any) -> Any:
+    if type(a) is not type(b):
+        return NotImplemented  # lets a Instruction.match(...) on the other side decide
+    return all(same_value(getattr(a, f), getattr(b, f)) for f in a.__slots__)
+
+
+class Matchable:
+    """:meth:`match`, for tests that compare whole lists of instructions or messages."""
+
+    __slots__ = ()
+
+    @classmethod
+    def match(cls, **fields: Any) -> Any:
+        """An object equal to every instance of this class whose ``fields`` have these values
+        (others not compared): ``out == [RunTask.match(kind="load"), Send.match(dest=0)]``."""
+        return _Match(cls, fields)
+
+
+class Message(Matchable):
+    """Base of the messages between ranks and of the events fed to the state machines."""
+
+    __slots__ = ()
+
+
+class Instruction(Matchable):
+    """Base of the state machines' instructions: equal by value."""
+
+    __slots__ = ()
+
+
+class _Match:
+    __slots__ = ("cls", "fields")
+
+    def __init__(self, cls: type, fields: dict[str, Any]) -> None:
+        self.cls = cls
+        self.fields = fields
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self.cls) and all(
+            same_value(getattr(other, k), v) for k, v in self.fields.items())
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.fields.items())
+        return f"{self.cls.__name__}.match({args})"
+
+
 # ------------------------------------------------------------------ worker -> controller
 @dataclass(slots=True)
-class Hello:
+class Hello(Message):
     """First message of a worker: its program digest and statement list (to name a mismatch)."""
 
     eid: int
@@ -37,7 +102,7 @@ class Hello:
 
 
 @dataclass(slots=True)
-class Done:
+class Done(Message):
     """The worker reached the end of the program with no task left."""
 
     eid: int
@@ -47,7 +112,7 @@ class Done:
 
 
 @dataclass(slots=True)
-class Failed:
+class Failed(Message):
     """A task failed on the worker; ``message`` names rank, stage, partition and traceback."""
 
     eid: int
@@ -55,8 +120,8 @@ class Failed:
     message: str
 
 
-@dataclass(slots=True)
-class ReportPart:
+@dataclass(slots=True, eq=False)
+class ReportPart(Message):
     """One partition of a reported dataset, for a report callback or the job's result."""
 
     eid: int
@@ -68,10 +133,12 @@ class ReportPart:
     tasks: int
     seconds: float = 0.0  # stamped by the controller's runtime on arrival
 
+    __eq__ = _fields_equal
+
 
 # ------------------------------------------------------------------ controller -> worker
 @dataclass(slots=True)
-class Placement:
+class Placement(Message):
     """A partition map (initial placement or update); newer entry versions win."""
 
     eid: int
@@ -79,14 +146,14 @@ class Placement:
 
 
 @dataclass(slots=True)
-class Shutdown:
+class Shutdown(Message):
     """Every worker is done: exit cleanly."""
 
     eid: int
 
 
 @dataclass(slots=True)
-class Abort:
+class Abort(Message):
     """The job cannot go on; every rank exits non-zero with ``reason``."""
 
     eid: int
@@ -94,8 +161,8 @@ class Abort:
 
 
 # ------------------------------------------------------------------ worker -> worker
-@dataclass(slots=True)
-class Piece:
+@dataclass(slots=True, eq=False)
+class Piece(Message):
     """Scatter output from source partition ``src`` of stage instance ``seq``.
 
     ``dataset`` is the destination dataset's id; ``dsts`` are its destination partitions on the receiving worker that all get ``array``;
@@ -110,9 +177,11 @@ class Piece:
     versions: tuple[int, ...]
     array: np.ndarray
 
+    __eq__ = _fields_equal
+
 
 @dataclass(slots=True)
-class PieceBatch:
+class PieceBatch(Message):
     """Several :class:`Piece` s of one stage instance for one worker, sent as one message.
 
     A worker sends its small pieces this way when the receiving gathers need every one of them
@@ -130,7 +199,7 @@ class PieceBatch:
 
 
 @dataclass(slots=True)
-class Signal:
+class Signal(Message):
     """The value of signal stage instance ``seq``, broadcast by the worker that computed it."""
 
     eid: int
@@ -139,46 +208,84 @@ class Signal:
 
 
 # ------------------------------------------------------------------ local events
-@dataclass(slots=True)
-class TaskDone:
-    """The runtime ran ``task``; ``outputs`` are its validated results (kind-dependent)."""
+@dataclass(slots=True, eq=False)
+class TaskDone(Message):
+    """The runtime ran ``task`` in ``seconds``; ``outputs`` are its validated results
+    (kind-dependent). ``seconds`` is None where nobody measured (a test's hand-made event)."""
 
     eid: int
     task: Any
     outputs: Any
+    seconds: float | None = None
 
 
-@dataclass(slots=True)
-class TaskFailed:
+@dataclass(slots=True, eq=False)
+class TaskFailed(Message):
+    """User code of ``task`` raised, or returned something malformed; ``message`` says where."""
+
     eid: int
     task: Any
     message: str
 
 
-# ------------------------------------------------------------------ instructions
 @dataclass(slots=True)
-class Send:
+class Resume(Message):
+    """Go on after a :class:`Yield` instruction (see :class:`canary.worker.state.WorkerState`)."""
+
+    eid: int
+
+
+# ------------------------------------------------------------------ instructions
+@dataclass(slots=True, eq=False)
+class Send(Instruction):
     """Send ``message`` to MPI rank ``dest``."""
 
     dest: int
     message: Any
+    cause: int = 0
+
+    __eq__ = _fields_equal
 
 
-@dataclass(slots=True)
-class Callback:
+@dataclass(slots=True, eq=False)
+class Yield(Instruction):
+    """Worker: act on the instructions before this one now (send the messages), then feed the
+    state a :class:`Resume` event, unless the :class:`RunTask` just before it runs first (its
+    ``TaskDone`` resumes as well). The state stopped emitting tasks so that the messages it had
+    decided, which other workers wait for, would not wait for that emission."""
+
+    cause: int = 0
+
+    __eq__ = _fields_equal
+
+
+@dataclass(slots=True, eq=False)
+class Callback(Instruction):
     """Controller: call a report callback with ``event`` (on rank 0, outside the state)."""
 
     fn: Any
     event: Any
+    cause: int = 0
+
+    __eq__ = _fields_equal
 
 
-@dataclass(slots=True)
-class Finish:
+@dataclass(slots=True, eq=False)
+class Finish(Instruction):
     """Controller: the job is complete."""
 
+    cause: int = 0
 
-@dataclass(slots=True)
-class Fail:
-    """Controller: abort the job with ``reason`` (exit non-zero)."""
+    __eq__ = _fields_equal
+
+
+@dataclass(slots=True, eq=False)
+class Fail(Instruction):
+    """Controller: abort the job with ``reason`` (exit non-zero), raising ``error`` where the
+    job was started (:class:`canary.TaskError` when user code failed)."""
 
     reason: str
+    error: type = JobAborted
+    cause: int = 0
+
+    __eq__ = _fields_equal

@@ -14,6 +14,7 @@ from canary.local_runner import run_local
 from canary.program import Program
 from canary.result import JobResult
 from canary.trace import Tracer, gather_and_write, trace_level, trace_path
+from canary.worker.config import WorkerConfig
 
 
 def run(program: Program, comm: object | None = None, window: int = 64,
@@ -45,14 +46,22 @@ def run(program: Program, comm: object | None = None, window: int = 64,
                   file=sys.stderr)
         return run_local(program, workers=1)
     path = trace_path(trace)
+    try:  # the environment, read once at start-up
+        config = WorkerConfig.from_env(window=window)
+        startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0)
+        loop_only = trace_level() == "loop"
+    except ValueError as exc:  # the same mistake on every rank: rank 0 alone says so
+        if rank == 0:
+            print(f"canary: error: {exc}", file=sys.stderr, flush=True)
+        _abort(given, linger=1.0 if rank == 0 else 30.0)
     comm = given
     try:
-        _join(given, env_number("CANARY_STARTUP_TIMEOUT", 120.0))
+        _join(given, startup_timeout)
         # The engine talks on its own copy of the communicator: a driver that also uses the one
         # it passed (COMM_WORLD, say) cannot receive canary's messages or collide with its tags.
         comm = given.Dup()
         tracer = (Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}",
-                         loop_only=trace_level() == "loop") if path else None)
+                         loop_only=loop_only) if path else None)
         result: JobResult | None = None
         if rank == 0:
             from canary.controller.runtime import run_controller
@@ -61,7 +70,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         else:
             from canary.worker.runtime import run_worker
 
-            run_worker(program, comm, window, tracer=tracer)
+            run_worker(program, comm, config, tracer=tracer)
         if tracer is not None and path:
             gather_and_write(comm, tracer, path, {"program": program.name,
                                                   "workers": size - 1})

@@ -66,7 +66,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                 # end the job before the reason is on stderr.
                 print(f"canary: job aborted: {ins.reason}", file=sys.stderr, flush=True)
                 tx.flush(timeout=2.0)
-                raise JobAborted(ins.reason)
+                # this rank aborts the job either way; a mismatch keeps its own class
+                raise (ins.error if issubclass(ins.error, JobAborted) else JobAborted)(ins.reason)
 
 
 def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from canary.errors import CanaryError, ProgramMismatchError, TaskError
 from canary.messages import (
     Abort,
     Callback,
@@ -34,8 +35,9 @@ class ControllerState:
     """Controller of ``n_workers`` workers running ``program``.
 
     Contract: instructions are :class:`Send`, :class:`Callback` (a report is complete),
-    :class:`Finish` (all workers done; exactly once) and :class:`Fail` (abort with a reason;
-    at most once, after which events are ignored).
+    :class:`Finish` (all workers done; exactly once) and :class:`Fail` (abort with a reason and
+    the error to raise: :class:`TaskError` for a failed task, :class:`ProgramMismatchError` for
+    a worker that declared another program; at most once, after which events are ignored).
     """
 
     def __init__(self, program: Program, n_workers: int) -> None:
@@ -57,13 +59,16 @@ class ControllerState:
         self.received: dict[str, int] = {}
         self.sent: dict[str, int] = {}
         self._eid = 0
+        self._cause = 0  # eid of the message being handled
 
     def handle(self, event: Any) -> list[Any]:
-        """Apply one message from a worker; return instructions."""
+        """Apply one message from a worker; return instructions, each carrying the message's
+        ``eid`` as its cause."""
         name = type(event).__name__
         self.received[name] = self.received.get(name, 0) + 1
         if self.failed is not None or self.finished:
             return []
+        self._cause = event.eid
         if isinstance(event, Hello):
             return self._on_hello(event)
         if isinstance(event, ReportPart):
@@ -73,10 +78,10 @@ class ControllerState:
             if len(self.done) == self.n_workers:
                 self.finished = True
                 return [self._send(worker_rank(w), Shutdown(self._next_eid()))
-                        for w in range(self.n_workers)] + [Finish()]
+                        for w in range(self.n_workers)] + [Finish(self._cause)]
             return []
         if isinstance(event, Failed):
-            return self._fail(event.message)
+            return self._fail(event.message, TaskError)
         raise TypeError(f"controller cannot handle {event!r}")
 
     @property
@@ -92,7 +97,8 @@ class ControllerState:
     # ------------------------------------------------------------------------
     def _on_hello(self, ev: Hello) -> list[Any]:
         if ev.digest != self.digest:
-            return self._fail(_mismatch(self.program.statements(), ev.statements, ev.worker))
+            return self._fail(_mismatch(self.program.statements(), ev.statements, ev.worker),
+                              ProgramMismatchError)
         self.hello[ev.worker] = ev
         if len(self.hello) < self.n_workers:
             return []
@@ -116,12 +122,12 @@ class ControllerState:
         rep = ReportEvent(stage.name, ds.name, ev.iteration, values,
                           max(p.tasks for p in parts.values()),
                           max(p.seconds for p in parts.values()))
-        return [Callback(stage.callback, rep)]
+        return [Callback(stage.callback, rep, self._cause)]
 
-    def _fail(self, reason: str) -> list[Any]:
+    def _fail(self, reason: str, error: type[CanaryError]) -> list[Any]:
         self.failed = reason
         return [self._send(worker_rank(w), Abort(self._next_eid(), reason))
-                for w in range(self.n_workers)] + [Fail(reason)]
+                for w in range(self.n_workers)] + [Fail(reason, error, self._cause)]
 
     def _next_eid(self) -> int:
         self._eid += 1
@@ -130,7 +136,7 @@ class ControllerState:
     def _send(self, dest: int, msg: Any) -> Send:
         name = type(msg).__name__
         self.sent[name] = self.sent.get(name, 0) + 1
-        return Send(dest, msg)
+        return Send(dest, msg, self._cause)
 
 
 def _mismatch(mine: list[str], theirs: list[str], worker: int) -> str:

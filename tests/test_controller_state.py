@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from canary.controller.state import ControllerState
 
+from canary.errors import ProgramMismatchError, TaskError
 from canary.messages import (
     Abort,
     Callback,
@@ -50,9 +51,10 @@ def test_program_mismatch_aborts_naming_rank_and_statement() -> None:
     c = ControllerState(p, 2)
     c.handle(hello(p, 0))
     out = c.handle(hello(other, 1))
-    assert [type(i.message) for i in out if isinstance(i, Send)] == [Abort, Abort]
+    assert out == [Send(1, Abort.match(reason=out[-1].reason), 1),
+                   Send(2, Abort.match(reason=out[-1].reason), 1),
+                   Fail.match(error=ProgramMismatchError, cause=1)]
     fail = out[-1]
-    assert isinstance(fail, Fail)
     assert "rank 2 declared a different program" in fail.reason
     assert "dataset x/4" in fail.reason and "dataset x/5" in fail.reason
     assert c.handle(Done(3, 0, 1)) == []  # nothing after a failure
@@ -77,7 +79,7 @@ def test_done_from_every_worker_shuts_down_once() -> None:
     c.handle(hello(p, 1))
     assert c.handle(Done(1, 0, 5)) == []
     out = c.handle(Done(2, 1, 6))
-    assert [type(getattr(i, "message", i)) for i in out] == [Shutdown, Shutdown, Finish]
+    assert out == [Send(1, Shutdown(3), 2), Send(2, Shutdown(4), 2), Finish(2)]
     assert c.tasks_run == 11
     assert c.handle(Done(3, 1, 6)) == []
 
@@ -85,9 +87,10 @@ def test_done_from_every_worker_shuts_down_once() -> None:
 def test_failed_task_aborts_everyone_with_its_message() -> None:
     p = program()
     c = ControllerState(p, 2)
-    out = c.handle(Failed(1, 1, "rank 2 (worker 1): stage 'g' ... boom"))
-    assert [i.dest for i in out if isinstance(i, Send)] == [1, 2]
-    assert isinstance(out[-1], Fail) and "boom" in out[-1].reason
+    reason = "rank 2 (worker 1): stage 'g' ... boom"
+    out = c.handle(Failed(7, 1, reason))
+    assert out == [Send(1, Abort(1, reason), 7), Send(2, Abort(2, reason), 7),
+                   Fail(reason, TaskError, 7)]
 
 
 def test_zero_workers_is_a_clear_error() -> None:

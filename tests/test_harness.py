@@ -179,3 +179,35 @@ def test_cluster_invariant_catches_a_partition_held_twice() -> None:
     states[1].parts[(x.id, 0)] = Partition(x.id, 0)  # x[0] belongs to worker 0
     with pytest.raises(AssertionError, match=r"held by workers 0 and 1"):
         validate_cluster(ctrl, states)
+
+
+def test_a_loader_returning_one_array_for_two_partitions_is_a_clear_error() -> None:
+    # One array behind two partitions: an in-place kernel on one would change the other, and the
+    # answer would depend on which partitions share a worker.
+    template = np.ones(2)
+    p = Program("shared_loader")
+    x = p.dataset("x", 2)
+    p.load([x], lambda i, n: template, name="load_template")
+    p.compute(_double_in_place, [x], [x], name="double")
+    p.report(x)
+    with pytest.raises(TaskError, match=r"^rank 1 \(worker 0\): stage 'load_template' \(id 0\), "
+                                        r"load task on partition 1 returned for 'x' memory that "
+                                        r"partition 0 of 'x' already holds"):
+        canary.run_local(p, workers=1)
+    # one partition per worker: nothing shared, nothing to say
+    r = canary.run_local(p, workers=2)
+    assert [v.tolist() for v in r.results["x"]] == [[2.0, 2.0], [2.0, 2.0]]
+    # disjoint slices of one array are fine; overlapping ones are not
+    whole = np.arange(6.0)
+    q = Program("slices")
+    y = q.dataset("y", 3)
+    q.load([y], lambda i, n: whole[2 * i:2 * i + 2])
+    q.compute(_double_in_place, [y], [y])
+    q.report(y)
+    assert canary.run_local(q, workers=1).concat("y").tolist() == (2 * np.arange(6.0)).tolist()
+    r2 = Program("overlap")
+    z = r2.dataset("z", 2)
+    r2.load([z], lambda i, n: np.arange(4.0)[:3] if i == 0 else whole[1:4])
+    r2.load([z], lambda i, n: whole[i:i + 3], name="windows")
+    with pytest.raises(TaskError, match="overlapping view"):
+        canary.run_local(r2, workers=1)

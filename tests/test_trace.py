@@ -74,7 +74,7 @@ def test_logistic_regression_trace_over_mpi(tmp_path: Path) -> None:
     assert {e["pid"] for e in grads} == {1, 2}
     # 2 partitions per worker: the gradient stage runs fused, still one slice per task. From
     # the third iteration a worker whose gradients took >= LONE_TASK_S runs them as ordinary
-    # tasks (WorkerState.stretch_timed), so only the first two are sure to be fused.
+    # tasks (see canary.worker.fusion), so only the first two are sure to be fused.
     assert all(e["args"].get("fused") for e in grads if e["args"]["iteration"][0] < 2)
     sends = {e["id"] for e in ev if e["ph"] == "s"}
     recvs = {e["id"] for e in ev if e["ph"] == "f"}

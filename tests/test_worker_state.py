@@ -1,4 +1,8 @@
-"""The worker state machine, driven event by event with no MPI and no kernels run."""
+"""The worker state machine, driven event by event with no MPI.
+
+Tests compare whole instruction lists (``Instruction.match(**fields)`` where a field does not
+matter), and every state made in a test is checked with ``validate_state()`` after every event.
+"""
 
 from __future__ import annotations
 
@@ -7,39 +11,110 @@ from typing import Any
 
 import numpy as np
 import pytest
+from canary.worker.config import WorkerConfig
 from canary.worker.execute import run_task
-from canary.worker.state import (
-    FUSE_MAX,
-    FUSE_MIN_INSTANCES,
-    FUSE_TARGET,
+from canary.worker.fusion import stretch_budget
+from canary.worker.state import WorkerState
+from canary.worker.tasks import (
     K_COMPUTE,
     K_FUSED,
     K_GATHER,
     K_LOAD,
     K_REPORT,
     K_SCATTER,
-    LONE_TASK_S,
-    MAX_FUSED,
-    URGENT_MAX_BYTES,
+    K_SIGNAL,
     RunTask,
-    WorkerState,
+    Task,
     is_urgent,
-    stretch_budget,
 )
 
 from canary.messages import (
     Done,
+    Failed,
     Hello,
     Piece,
     PieceBatch,
     Placement,
     ReportPart,
+    Resume,
     Send,
     Signal,
     TaskDone,
+    TaskFailed,
+    Yield,
 )
 from canary.partition_map import PartitionMap
 from canary.program import Program
+
+SMALL = WorkerConfig().urgent_max_bytes
+
+
+@pytest.fixture(autouse=True)
+def validated(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every WorkerState a test makes is validated after each event it handles and at the end."""
+    made: list[WorkerState] = []
+    init, handle = WorkerState.__init__, WorkerState.handle
+
+    def tracking_init(self: WorkerState, *a: Any, **k: Any) -> None:
+        init(self, *a, **k)
+        made.append(self)
+
+    def checked_handle(self: WorkerState, event: Any) -> list[Any]:
+        out = handle(self, event)
+        self.validate_state()
+        return out
+
+    monkeypatch.setattr(WorkerState, "__init__", tracking_init)
+    monkeypatch.setattr(WorkerState, "handle", checked_handle)
+    yield made
+    for st in made:
+        st.validate_state()
+
+
+# ------------------------------------------------------------------ helpers
+EIDS = iter(range(10_000, 10**9))
+
+
+def done(task: Task, outputs: Any, seconds: float | None = None) -> TaskDone:
+    return TaskDone(next(EIDS), task, outputs, seconds)
+
+
+def placed(p: Program, worker: int, n_workers: int = 2, **config: Any) -> tuple[WorkerState, list]:
+    """A started WorkerState (``config``: WorkerConfig fields) after the initial placement, and
+    what that placement caused."""
+    st = WorkerState(p, worker, n_workers, **config)
+    assert st.start() == [Send(0, Hello(st.rank << 40 | 1, worker, p.digest, p.statements()))]
+    m = PartitionMap.initial([g[0].partitions for g in p.groups], n_workers)
+    return st, st.handle(Placement(1, m))
+
+
+def run_tasks(st: WorkerState, out: list, finish: Callable[[Task], Any] | None = None,
+              until: str | None = None) -> list:
+    """Carry out ``out`` as the runtime does (run the task handed out, resume after a yield),
+    finishing each task with ``finish(task)`` (default: really running it), until nothing is
+    left or a task of kind ``until`` has finished; return every instruction seen after ``out``.
+    """
+    seen: list = []
+    pending = out
+    while True:
+        runs = [i for i in pending if isinstance(i, RunTask)]
+        assert len(runs) <= 1, f"more than one task handed out at once: {pending}"
+        if runs:
+            t = runs[0].task
+            ev = run_task(st, t, next(EIDS)) if finish is None else done(t, finish(t))
+            pending = st.handle(ev)
+            seen += pending
+            if t.kind == until:
+                return pending
+        elif any(isinstance(i, Yield) for i in pending):
+            pending = st.handle(Resume(next(EIDS)))
+            seen += pending
+        else:
+            return seen
+
+
+def sends(out: list) -> list[Send]:
+    return [i for i in out if isinstance(i, Send)]
 
 
 def reduce_program() -> tuple[Program, int]:
@@ -51,98 +126,6 @@ def reduce_program() -> tuple[Program, int]:
     return p.finalize(), s.id
 
 
-def placed(p: Program, worker: int, n_workers: int = 2, **state: Any) -> tuple[WorkerState, list]:
-    """A started WorkerState (``state``: its window, max_fused, inline) after the initial placement,
-    and what that placement caused."""
-    st = WorkerState(p, worker, n_workers, **state)
-    hello = st.start()
-    assert len(hello) == 1 and hello[0].dest == 0 and isinstance(hello[0].message, Hello)
-    assert hello[0].message.digest == p.digest
-    m = PartitionMap.initial([g[0].partitions for g in p.groups], n_workers)
-    return st, st.handle(Placement(1, m))
-
-
-def fused_tasks(st: WorkerState) -> list:
-    return [t for t in st.tasks.values() if t.kind == K_FUSED]
-
-
-def only_task(instrs: list) -> object:
-    assert len(instrs) == 1 and isinstance(instrs[0], RunTask), instrs
-    return instrs[0].task
-
-
-def finish_until(st: WorkerState, instrs: list, kind: str,
-                 finish: Callable[[Any], TaskDone]) -> list:
-    """Finish the runnable tasks in order (``finish(task)`` is each one's TaskDone) until a
-    task of ``kind`` has finished; return what that caused."""
-    todo = [i.task for i in instrs if isinstance(i, RunTask)]
-    while todo:
-        t = todo.pop(0)
-        got = st.handle(finish(t))
-        if t.kind == kind:
-            return got
-        todo += [i.task for i in got if isinstance(i, RunTask)]
-    raise AssertionError(f"no {kind} task ran")
-
-
-def test_sender_side_of_a_reduce() -> None:
-    p, s_id = reduce_program()
-    st, out = placed(p, worker=1, inline=False)  # the scatter as a task (see test_inline_*)
-    load = only_task(out)  # the scatter waits behind the load's write on x[1]
-    assert (load.kind, load.part, load.seq) == (K_LOAD, 1, 0)
-    arr = np.full(3, 2.0)
-    scatter = only_task(st.handle(TaskDone(2, load, (arr,))))
-    assert (scatter.kind, scatter.part, scatter.seq) == (K_SCATTER, 1, 1)
-    out = st.handle(TaskDone(3, scatter, arr))
-    assert [type(i.message) for i in out] == [Piece, Done]
-    piece = out[0].message
-    assert out[0].dest == 1  # worker 0 is rank 1
-    assert (piece.seq, piece.dataset, piece.src, piece.dsts, piece.versions) == (1, s_id, 1, (0,), (1,))
-    assert out[1].dest == 0 and out[1].message.tasks_run == 2
-    st.validate_state()
-    assert st.parts[(0, 1)].last_seq == 1  # metadata: last stage instance that touched x[1]
-
-
-def test_receiver_gathers_in_source_order_even_when_pieces_come_early() -> None:
-    p, s_id = reduce_program()
-    st = WorkerState(p, 0, 2, inline=False)
-    st.start()
-    # The remote piece overtakes the placement (different senders): it must be held, not lost.
-    assert st.handle(Piece(7, 1, s_id, 1, (0,), (1,), np.full(3, 2.0))) == []
-    m = PartitionMap.initial([g[0].partitions for g in p.groups], 2)
-    load = only_task(st.handle(Placement(1, m)))
-    scatter = only_task(st.handle(TaskDone(2, load, (np.full(3, 1.0),))))
-    gather = only_task(st.handle(TaskDone(3, scatter, np.full(3, 1.0))))
-    assert gather.kind == K_GATHER and gather.part == 0
-    fn, (pieces,) = st.task_call(gather)
-    assert [pc[0] for pc in pieces] == [1.0, 2.0]  # ordered by source partition
-    total = fn(pieces)
-    report = only_task(st.handle(TaskDone(4, gather, total)))
-    out = st.handle(TaskDone(5, report, np.array(total)))
-    assert [type(i.message) for i in out] == [ReportPart, Done]
-    assert out[0].message.array.tolist() == [3.0, 3.0, 3.0]
-    st.validate_state()
-
-
-def test_piece_from_newer_map_is_held_then_accepted_and_stale_is_forwarded() -> None:
-    p, s_id = reduce_program()
-    g = p.group_of(p.datasets[s_id])
-    st, _ = placed(p, worker=1)  # s[0] belongs to worker 0 at version 1
-    held = st.handle(Piece(9, 1, s_id, 0, (0,), (2,), np.zeros(3)))
-    assert held == [] and len(st.held) == 1
-    newer = PartitionMap.initial([gr[0].partitions for gr in p.groups], 2)
-    newer.move(g, 0, 1)  # s[0] moved to worker 1, version 2
-    st.handle(Placement(2, newer))
-    assert st.held == [] and st.early[(1, 0)] == {0: pytest.approx(np.zeros(3))}
-    # A stale sender (version 1) routes to worker 1, but worker 1's map now says... itself: accept.
-    # Make worker 0 see the same update and receive a stale piece: it forwards to worker 1.
-    st0, _ = placed(p, worker=0)
-    st0.handle(Placement(3, newer))
-    out = st0.handle(Piece(10, 1, s_id, 1, (0,), (1,), np.ones(3)))
-    assert len(out) == 1 and isinstance(out[0], Send) and out[0].dest == 2
-    assert out[0].message.versions == (2,) and out[0].message.src == 1
-
-
 def while_program(n: int = 3) -> Program:
     p = Program("w")
     c = p.dataset("c", 1)
@@ -150,66 +133,6 @@ def while_program(n: int = 3) -> Program:
     with p.while_(lambda v: v[0] < n, on=c, max_iter=10):
         p.compute(lambda v: v + 1, [c], [c], name="inc")
     return p.finalize()
-
-
-def test_worker_without_the_partition_blocks_on_the_signal() -> None:
-    p = while_program()
-    st, out = placed(p, worker=1)  # c lives on worker 0
-    assert out == [] and st.await_seq == 1 and not st.ended
-    out = st.handle(Signal(1, 1, True))  # enter the body: its stage has no local task
-    assert out == [] and st.await_seq == 3  # seq 2 was the body, seq 3 the next signal
-    out = st.handle(Signal(2, 3, False))
-    assert [type(i.message) for i in out] == [Done]
-    assert st.ended
-
-
-def test_signal_holder_broadcasts_the_value() -> None:
-    p = while_program()
-    st, out = placed(p, worker=0, n_workers=3)
-    load = only_task(out)
-    sig = only_task(st.handle(TaskDone(1, load, (np.zeros(1),))))
-    fn, args = st.task_call(sig)
-    assert fn(*args) is np.True_ or fn(*args) is True
-    out = st.handle(TaskDone(2, sig, True))
-    sends = [i for i in out if isinstance(i, Send)]
-    assert sorted(s.dest for s in sends) == [2, 3]
-    assert all(isinstance(s.message, Signal) and s.message.value for s in sends)
-    assert any(isinstance(i, RunTask) and i.task.stage.name == "inc" for i in out)
-
-
-def test_send_now_hands_signals_out_before_the_next_iteration_is_emitted() -> None:
-    p = while_program()
-    st, out = placed(p, worker=0, n_workers=3)
-    load = only_task(out)
-    sig = only_task(st.handle(TaskDone(1, load, (np.zeros(1),))))
-    emitted_when_sent: list[list[str]] = []
-    sent: list[Send] = []
-
-    def send_now(ins: Send) -> None:
-        sent.append(ins)
-        emitted_when_sent.append([t.stage.name for t in st.tasks.values()])
-
-    st.send_now = send_now
-    out = st.handle(TaskDone(2, sig, True))
-    # the same broadcast as without send_now, handed over before the loop body's task existed
-    assert sorted(s.dest for s in sent) == [2, 3]
-    assert all(isinstance(s.message, Signal) and s.message.value for s in sent)
-    assert all("inc" not in names for names in emitted_when_sent)
-    assert not any(isinstance(i, Send) for i in out)
-    assert any(isinstance(i, RunTask) and i.task.stage.name == "inc" for i in out)
-
-
-def test_run_ahead_window_bounds_live_instances() -> None:
-    p = Program("chain")
-    a = p.dataset("a", 1)
-    p.load([a], lambda i, n: np.zeros(1))
-    with p.loop(50):
-        p.compute(lambda v: v + 1, [a], [a])
-    st = WorkerState(p.finalize(), 0, 1, window=4, max_fused=0)
-    st.start()
-    st.handle(Placement(1, PartitionMap.initial([1], 1)))
-    assert len(st.live) == 4 and st.seq == 4
-    st.validate_state()
 
 
 def compute_loop(parts: int, iters: int) -> Program:
@@ -223,136 +146,9 @@ def compute_loop(parts: int, iters: int) -> Program:
     return p.finalize()
 
 
-def test_compute_only_loop_runs_as_one_fused_stretch() -> None:
-    p = compute_loop(parts=3, iters=10)
-    st = WorkerState(p, 0, 1, max_fused=1000, inline=False)
-    st.start()
-    load = only_task(st.handle(Placement(1, PartitionMap.initial([3], 1)))[:1])
-    # One fused task stands for all 20 instances on the 3 partitions, queued behind the loads.
-    fused = fused_tasks(st)
-    assert len(fused) == 1 and fused[0].waiting > 0
-    stretch = fused[0].stretch
-    assert [(s.name, seq, it) for s, seq, it in stretch.instances[:3]] == [
-        ("add", 1, (0,)), ("dbl", 2, (0,)), ("add", 3, (1,))]
-    assert stretch.idxs == [0, 1, 2] and stretch.tasks == 60
-    assert st.seq == 22 and st.live == {0: 3, 20: 1, 21: 3}  # loads, the stretch, the report
-    st.validate_state()
-    out = []
-    for i, t in enumerate([load] + [t for t in st.tasks.values() if t.kind == K_LOAD and t is not load]):
-        out += st.handle(TaskDone(i, t, (np.zeros(1), np.ones(1))))
-    task = only_task([i for i in out if isinstance(i, RunTask)])
-    assert task is fused[0]
-    ev = run_task(st, task)
-    assert isinstance(ev, TaskDone)
-    st.handle(ev)
-    # a = sum of b's doublings 1 + 2 + ... + 2^9; b = 2^10; the report's reads are now granted
-    assert [float(st.parts[(0, i)].value[0]) for i in range(3)] == [1023.0] * 3
-    assert [float(st.parts[(1, i)].value[0]) for i in range(3)] == [1024.0] * 3
-    assert st.tasks_run == 3 + 60 and st.stretches_run == 1
-    assert all(st.parts[(d, i)].last_seq == 20 for d in (0, 1) for i in range(3))
-    st.validate_state()
-
-
-def test_fused_stretches_respect_max_fused_and_wait_for_each_other() -> None:
-    st, _ = placed(compute_loop(parts=2, iters=10), 0, 1, max_fused=8)
-    fused = fused_tasks(st)
-    # 8 tasks = 4 instances on 2 partitions; the next instance waits for that stretch instead
-    # of being emitted as ordinary tasks.
-    assert len(fused) == 1 and fused[0].stretch.tasks == 8
-    assert st.seq == 5 and all(t.kind in (K_LOAD, K_FUSED) for t in st.tasks.values())
-
-
-def test_stretch_budget_amortises_rows_and_bounds_message_latency() -> None:
-    # short tasks: about FUSE_TARGET seconds of them
-    assert stretch_budget(1e-6, 10) == round(FUSE_TARGET / 1e-6)
-    # 100 µs tasks on 10 rows: FUSE_TARGET would be a single stage; at least 8 stages instead
-    assert stretch_budget(1e-4, 10) == FUSE_MIN_INSTANCES * 10
-    # ... but never longer than FUSE_MAX seconds, and never fewer than 2 tasks
-    assert stretch_budget(1e-3, 10) == round(FUSE_MAX / 1e-3)
-    assert stretch_budget(1.0, 10) == 2
-    assert stretch_budget(0.0, 1) == MAX_FUSED
-
-
-def test_no_fusion_below_two_tasks_or_across_communication() -> None:
-    p = Program("mixed")
-    a, s = p.dataset("a", 2), p.dataset("s", 1)
-    p.load([a], lambda i, n: np.ones(1))
-    p.compute(lambda x: x + 1, [a], [a], name="inc")
-    p.reduce(a, s)
-    p.compute(lambda x: x * 2, [s], [s], name="one_task")
-    p.report(s)
-    st = WorkerState(p.finalize(), 0, 1)
-    st.start()
-    st.handle(Placement(1, PartitionMap.initial([2, 1], 1)))
-    kinds = {(t.stage.name, t.kind) for t in st.tasks.values()}
-    assert ("inc", K_FUSED) in kinds  # 1 instance x 2 partitions
-    assert ("one_task", K_COMPUTE) in kinds  # a lone task is not fused
-
-
-def test_writes_wait_for_earlier_reads_and_reads_share() -> None:
-    p = Program("rw")
-    a, b, c = p.dataset("a", 1), p.dataset("b", 1), p.dataset("c", 1)
-    p.load([a, b, c], lambda i, n: (np.zeros(1), np.zeros(1), np.zeros(1)))
-    p.compute(lambda x: x, [a], [b], name="read1")
-    p.compute(lambda x: x, [a], [c], name="read2")
-    p.compute(lambda x: x + 1, [a], [a], name="write")
-    st = WorkerState(p.finalize(), 0, 1, max_fused=0)  # ordinary tasks (fusion would merge them)
-    st.start()
-    load = only_task(st.handle(Placement(1, PartitionMap.initial([1], 1))))
-    out = st.handle(TaskDone(1, load, (np.zeros(1),) * 3))
-    assert sorted(i.task.stage.name for i in out) == ["read1", "read2"]  # reads run together
-    r1, r2 = (i.task for i in out)
-    assert st.handle(TaskDone(2, r1, (np.zeros(1),))) == []  # write still waits for read2
-    w = only_task(st.handle(TaskDone(3, r2, (np.zeros(1),))))
-    assert w.stage.name == "write"
-    st.validate_state()
-
-
-def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
-    # inc sits between a broadcast and a reduce: a stretch of it is one instance.
-    p = Program("between")
-    a, w, s = p.dataset("a", 3), p.dataset("w", 1), p.dataset("s", 1)
-    p.load([a], lambda i, n: np.ones(1))
-    p.load([w], lambda i, n: np.ones(1))
-    with p.loop(3):
-        p.broadcast(w, a)
-        p.compute(lambda x: x + 1, [a], [a], name="inc")
-        p.reduce(a, s)
-    st, _ = placed(p.finalize(), 0, 1, window=1000)
-    fused = fused_tasks(st)
-    # the next iterations' stretches wait for this one (fused_live)
-    assert len(fused) == 1 and len(fused[0].stretch.instances) == 1
-    inc = fused[0].stretch.instances[0][0].id
-    st.stretch_timed(fused[0], 3 * 1e-5)  # 10 µs tasks: fusing them is worth it
-    assert inc not in st.lone_stages
-    st.stretch_timed(fused[0], 3 * LONE_TASK_S)
-    assert st.lone_stages == {inc}
-    first = WorkerState(p.finalize(), 0, 1, window=1000)
-    first.stretch_timed(fused[0], 3 * LONE_TASK_S)  # a first stretch includes compiling
-    assert not first.lone_stages
-    # A fresh interpreter that has learnt the same emits every iteration's inc as ordinary
-    # tasks, without waiting for anything.
-    st2 = WorkerState(p.finalize(), 0, 1, window=1000)
-    st2.lone_stages.add(inc)  # before the placement, which emits the loop
-    st2.start()
-    st2.handle(Placement(1, PartitionMap.initial([3, 1, 1], 1)))
-    kinds = [t.kind for t in st2.tasks.values() if t.stage.name == "inc"]
-    assert kinds == [K_COMPUTE] * 9
-    st2.validate_state()
-
-
-def test_stretch_timed_keeps_fusing_multi_instance_stretches_of_long_tasks() -> None:
-    st, _ = placed(compute_loop(parts=2, iters=10), 0, 1, max_fused=1000)
-    fused = fused_tasks(st)
-    st.stretch_timed(fused[0], 40 * 1e-3)  # 1 ms tasks, but no communication between them
-    assert not st.lone_stages
-    assert st.max_fused == stretch_budget(1e-3, 2)
-
-
 def broadcast_loop(parts: int) -> tuple[Program, Any]:
     """A loop whose body starts with a broadcast of w to ``parts`` partitions of a, then a
-    compute on a, a reduce into s and s copied back to w; the loop tests w. Returns the
-    finalized program and w."""
+    compute on a, a reduce into s and s copied back to w; the loop tests w."""
     p = Program("bcast_loop")
     w, a, s = p.dataset("w", 1), p.dataset("a", parts), p.dataset("s", 1)
     p.load([w], lambda i, n: np.ones(1))
@@ -365,69 +161,235 @@ def broadcast_loop(parts: int) -> tuple[Program, Any]:
     return p.finalize(), w
 
 
-def test_pause_for_sends_runs_a_loop_body_broadcast_before_emitting_the_rest() -> None:
-    def at_signal(pause: bool) -> tuple[WorkerState, list]:
-        """Run the loads and the first loop test; return the state and what the test's
-        TaskDone caused."""
-        st = WorkerState(broadcast_loop(2)[0], 0, 1, max_fused=0, inline=False)
-        st.pause_for_sends = pause
-        st.start()
-        placed_out = st.handle(Placement(1, PartitionMap.initial([1, 2, 1], 1)))
-        return st, finish_until(st, placed_out, "signal", lambda t: TaskDone(
-            0, t, True if t.kind == "signal" else (np.ones(1),)))
-
-    plain, _ = at_signal(pause=False)
-    assert not plain.paused and "inc" in {t.stage.name for t in plain.tasks.values()}
-    st, out = at_signal(pause=True)
-    # the broadcast's scatter is runnable and nothing of the body after it exists yet
-    assert [i.task.kind for i in out if isinstance(i, RunTask)] == [K_SCATTER]
-    assert st.paused and "inc" not in {t.stage.name for t in st.tasks.values()}
-    st.validate_state()
-    st.resume()
-    assert not st.paused
-    assert {t.stage.name for t in st.tasks.values()} == {t.stage.name for t in plain.tasks.values()}
-    assert st.seq == plain.seq
-    st.validate_state()
+# ------------------------------------------------------------------ contract
+def test_sender_side_of_a_reduce_as_whole_instruction_lists() -> None:
+    p, s_id = reduce_program()
+    st, out = placed(p, worker=1, inline=False)  # the scatter as a task (see test_inline_*)
+    assert out == [RunTask.match(kind=K_LOAD, part=1, seq=0, cause=1)]
+    load = out[0].task
+    arr = np.full(3, 2.0)
+    ev = done(load, (arr,))
+    out = st.handle(ev)
+    assert out == [RunTask.match(kind=K_SCATTER, part=1, seq=1, cause=ev.eid)]
+    ev = done(out[0].task, arr)
+    out = st.handle(ev)
+    assert out == [Send(1, Piece(st.rank << 40 | 2, 1, s_id, 1, (0,), (1,), arr), ev.eid),
+                   Send(0, Done(st.rank << 40 | 3, 1, 2, {"Hello": 1, "Piece": 1}), ev.eid)]
+    assert st.parts[(0, 1)].last_seq == 1  # metadata: last stage instance that touched x[1]
 
 
-def test_signals_and_small_scatters_are_urgent_large_scatters_and_compute_are_not() -> None:
-    p = Program("sizes")
-    small, big, s = p.dataset("small", 1), p.dataset("big", 1), p.dataset("s", 1)
-    p.load([small, big], lambda i, n: (np.zeros(8), np.zeros(URGENT_MAX_BYTES // 8 + 1)))
-    p.reduce(small, s, name="r_small")
-    p.reduce(big, s, name="r_big")
-    p.compute(lambda x: x, [small], [small], name="c")
-    st = WorkerState(p.finalize(), 0, 1, max_fused=0, inline=False)
+def test_every_instruction_carries_the_id_of_the_event_that_caused_it() -> None:
+    p = Program("ids")
+    a, s = p.dataset("a", 4), p.dataset("s", 1)
+    p.load([a], lambda i, n: np.ones(2) * i)
+    with p.loop(3):
+        p.compute(lambda v: v + 1, [a], [a], name="inc")
+    p.reduce(a, s)
+    p.report(s)
+    st, out = placed(p.finalize(), worker=0, n_workers=2, max_fused=0)
+    assert {i.cause for i in out} == {1}
+    pending = out
+    while pending:
+        ins = next(i for i in pending if isinstance(i, RunTask))
+        ev = run_task(st, ins.task, next(EIDS))
+        pending = st.handle(ev)
+        assert all(i.cause == ev.eid for i in pending), pending
+        pending = [i for i in pending if isinstance(i, RunTask)]
+
+
+def test_one_task_at_a_time_and_the_next_comes_with_the_last_ones_done() -> None:
+    p = compute_loop(parts=3, iters=2)
+    st, out = placed(p, worker=0, n_workers=1, max_fused=0)
+    assert out == [RunTask.match(kind=K_LOAD, part=0)]  # three loads ready, one handed out
+    assert [t.part for t in st.ready] == [1, 2] and st.running is out[0].task
+    seen = run_tasks(st, out)
+    assert sends(seen) == [Send.match(dest=0, message=ReportPart.match(index=k))
+                           for k in range(3)] + [Send.match(dest=0, message=Done.match())]
+
+
+def test_urgent_tasks_run_before_compute_tasks_that_were_ready_first() -> None:
+    # a and b each get a compute; the small reduce of b is urgent: its scatter runs before the
+    # compute on a, although that compute became ready first.
+    p = Program("urgent")
+    a, b, s = p.dataset("a", 1), p.dataset("b", 1), p.dataset("s", 1)
+    p.load([a, b], lambda i, n: (np.ones(4), np.ones(4)))
+    p.compute(lambda x: x + 1, [a], [a], name="slow")
+    p.reduce(b, s, name="r")
+    p.report(s)
+    st, out = placed(p.finalize(), worker=0, n_workers=1, max_fused=0, inline=False)
+    load = out[0].task
+    out = st.handle(done(load, (np.ones(4), np.ones(4))))
+    assert out == [RunTask.match(kind=K_SCATTER, stage="r")]
+    assert [t.stage.name for t in st.ready] == ["slow"]
+
+
+def test_a_seeded_random_order_is_reproducible_and_covers_other_orders() -> None:
+    def order(seed: int | None) -> list[int]:
+        st, out = placed(compute_loop(parts=6, iters=1), 0, 1, max_fused=0,
+                         ready_order_seed=seed)
+        got = [out[0].part]
+        out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+        while out and isinstance(out[0], RunTask) and out[0].kind == K_LOAD:
+            got.append(out[0].part)
+            out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+        return got
+
+    assert order(None) == list(range(6))
+    assert order(3) == order(3)
+    assert {tuple(order(s)) for s in range(8)} != {tuple(range(6))}
+
+
+# ------------------------------------------------------------------ signals and yielding
+def test_worker_without_the_partition_blocks_on_the_signal() -> None:
+    p = while_program()
+    st, out = placed(p, worker=1)  # c lives on worker 0
+    assert out == [] and st.await_seq == 1 and not st.ended
+    out = st.handle(Signal(5, 1, True))  # enter the body: its stage has no local task
+    assert out == [] and st.await_seq == 3  # seq 2 was the body, seq 3 the next signal
+    out = st.handle(Signal(6, 3, False))
+    assert out == [Send(0, Done(st.rank << 40 | 2, 1, 0, {"Hello": 1}), 6)]
+    assert st.ended
+
+
+def test_signal_holder_broadcasts_then_yields_before_emitting_the_body() -> None:
+    p = while_program()
+    st, out = placed(p, worker=0, n_workers=3)
+    sig = st.handle(done(out[0].task, (np.zeros(1),)))
+    assert sig == [RunTask.match(kind=K_SIGNAL, seq=1)]
+    fn, args = st.task_call(sig[0].task)
+    assert bool(fn(*args)) is True
+    ev = done(sig[0].task, True)
+    out = st.handle(ev)
+    # the value leaves for workers 1 and 2 before the loop body exists
+    assert out == [Send(2, Signal.match(seq=1, value=True), ev.eid),
+                   Send(3, Signal.match(seq=1, value=True), ev.eid), Yield(ev.eid)]
+    assert "inc" not in {t.stage.name for t in st.tasks.values()}
+    out = st.handle(Resume(77))
+    assert out == [RunTask(next(t for t in st.tasks.values() if t.stage.name == "inc"), 77)]
+
+
+def test_a_loop_body_broadcast_leaves_before_the_rest_of_the_body_is_emitted() -> None:
+    p, w = broadcast_loop(4)
+    st, out = placed(p, worker=0, max_fused=0)
+    assert st.map is not None and st.map.owner(p.group_of(w), 0) == 0  # w's holder sends
+    out = run_tasks(st, out, lambda t: True if t.kind == K_SIGNAL else (np.zeros(1),),
+                    until=K_SIGNAL)
+    # the signal's value goes to worker 1, then the interpreter stops
+    assert out == [Send.match(dest=2, message=Signal.match(value=True)), Yield.match()]
+    out = st.handle(Resume(next(EIDS)))
+    # the broadcast's scatter ran inline: its piece for worker 1 leaves before the rest of the
+    # body is emitted
+    assert out[0] == Send.match(dest=2, message=Piece.match(dataset=p.datasets[1].id))
+    assert out[-1] == Yield.match()
+    assert "inc" not in {t.stage.name for t in st.tasks.values()}
+    out = st.handle(Resume(next(EIDS)))
+    assert "inc" in {t.stage.name for t in st.tasks.values()}
+
+
+def test_an_urgent_scatter_runs_before_the_rest_of_the_body_is_emitted() -> None:
+    # Without inline moves the broadcast's scatter is a task: it is handed out at once and the
+    # emission goes on when it is done.
+    p, w = broadcast_loop(2)
+    st, out = placed(p, worker=0, n_workers=1, max_fused=0, inline=False)
+    out = run_tasks(st, out, lambda t: True if t.kind == K_SIGNAL else (np.ones(1),),
+                    until=K_SIGNAL)
+    assert out == [RunTask.match(kind=K_SCATTER, stage="broadcast_w")]
+    assert "inc" not in {t.stage.name for t in st.tasks.values()}
+    out = st.handle(done(out[0].task, np.ones(1)))
+    assert "inc" in {t.stage.name for t in st.tasks.values()}
+
+
+def test_run_ahead_window_bounds_live_instances() -> None:
+    p = Program("chain")
+    a = p.dataset("a", 1)
+    p.load([a], lambda i, n: np.zeros(1))
+    with p.loop(50):
+        p.compute(lambda v: v + 1, [a], [a])
+    st = WorkerState(p.finalize(), 0, 1, window=4, max_fused=0)
     st.start()
-    load = only_task(st.handle(Placement(1, PartitionMap.initial([1, 1, 1], 1))))
-    st.handle(TaskDone(0, load, (np.zeros(8), np.zeros(URGENT_MAX_BYTES // 8 + 1))))
-    by_name = {(t.stage.name, t.kind): t for t in st.tasks.values()}
-    assert is_urgent(by_name[("r_small", K_SCATTER)])
-    assert not is_urgent(by_name[("r_big", K_SCATTER)])  # 64 KB + 8 bytes
-    assert not is_urgent(by_name[("c", K_COMPUTE)])
-    assert not is_urgent(by_name[("r_small", K_GATHER)])
-    sig = while_program()
-    st2, out = placed(sig, worker=0)
-    sig_task = only_task(st2.handle(TaskDone(1, only_task(out), (np.zeros(1),))))
-    assert sig_task.kind == "signal" and is_urgent(sig_task)
+    st.handle(Placement(1, PartitionMap.initial([1], 1)))
+    assert len(st.live) == 4 and st.seq == 4
+
+
+def test_writes_wait_for_earlier_reads_and_reads_share() -> None:
+    p = Program("rw")
+    a, b, c = p.dataset("a", 1), p.dataset("b", 1), p.dataset("c", 1)
+    p.load([a, b, c], lambda i, n: (np.zeros(1), np.zeros(1), np.zeros(1)))
+    p.compute(lambda x: x, [a], [b], name="read1")
+    p.compute(lambda x: x, [a], [c], name="read2")
+    p.compute(lambda x: x + 1, [a], [a], name="write")
+    st = WorkerState(p.finalize(), 0, 1, max_fused=0)  # ordinary tasks (fusion would merge them)
+    st.start()
+    out = st.handle(Placement(1, PartitionMap.initial([1], 1)))
+    out = st.handle(done(out[0].task, (np.zeros(1),) * 3))
+    assert out == [RunTask.match(stage="read1")]  # both reads granted, one handed out
+    assert [t.stage.name for t in st.ready] == ["read2"]
+    out = st.handle(done(out[0].task, (np.zeros(1),)))
+    assert out == [RunTask.match(stage="read2")]  # the write still waits for read2
+    out = st.handle(done(out[0].task, (np.zeros(1),)))
+    assert out == [RunTask.match(stage="write")]
+
+
+def test_a_failed_task_is_reported_once_and_nothing_runs_after_it() -> None:
+    st, out = placed(compute_loop(parts=2, iters=1), 0, 1, max_fused=0)
+    ev = TaskFailed(next(EIDS), out[0].task, "rank 1: boom")
+    out = st.handle(ev)
+    assert out == [Send(0, Failed(st.rank << 40 | 2, 0, "rank 1: boom"), ev.eid)]
+    assert st.handle(Resume(next(EIDS))) == []
+
+
+# ------------------------------------------------------------------ pieces and the map
+def test_receiver_gathers_in_source_order_even_when_pieces_come_early() -> None:
+    p, s_id = reduce_program()
+    st = WorkerState(p, 0, 2, inline=False)
+    st.start()
+    # The remote piece overtakes the placement (different senders): it must be held, not lost.
+    assert st.handle(Piece(7, 1, s_id, 1, (0,), (1,), np.full(3, 2.0))) == []
+    m = PartitionMap.initial([g[0].partitions for g in p.groups], 2)
+    out = st.handle(Placement(1, m))
+    assert out == [RunTask.match(kind=K_LOAD, part=0)]
+    out = st.handle(done(out[0].task, (np.full(3, 1.0),)))
+    assert out == [RunTask.match(kind=K_SCATTER, part=0)]
+    out = st.handle(done(out[0].task, np.full(3, 1.0)))
+    assert out == [RunTask.match(kind=K_GATHER, part=0)]
+    fn, (pieces,) = st.task_call(out[0].task)
+    assert [pc[0] for pc in pieces] == [1.0, 2.0]  # ordered by source partition
+    total = fn(pieces)
+    out = st.handle(done(out[0].task, total))
+    assert out == [RunTask.match(kind=K_REPORT)]
+    ev = done(out[0].task, np.array(total))
+    out = st.handle(ev)
+    assert out == [Send(0, ReportPart.match(array=np.full(3, 3.0)), ev.eid),
+                   Send(0, Done.match(worker=0, tasks_run=4), ev.eid)]
+
+
+def test_a_piece_from_a_newer_map_is_held_until_the_worker_knows_that_map() -> None:
+    # What exists of the map-update path until partitions migrate: a receiver holds a piece
+    # whose sender knows a newer placement than it does (worker 1 is told s[0] will be its own;
+    # the move itself is the migration protocol's). Forwarding a piece whose sender's map is
+    # older happens only at a partition's former owner, after a migration.
+    p, s_id = reduce_program()
+    st1, _ = placed(p, worker=1)  # s[0] belongs to worker 0 at version 1
+    piece = Piece(9, 1, s_id, 0, (0,), (2,), np.zeros(3))
+    assert st1.handle(piece) == []
+    assert st1.held == [piece] and not st1.early
 
 
 def test_a_scatter_sends_remote_pieces_before_delivering_local_ones() -> None:
-    # The other worker waits on the remote piece; a local delivery only makes a gather runnable.
     p = Program("bcast")
     w, a = p.dataset("w", 1), p.dataset("a", 4)
+    p.load([a], lambda i, n: np.zeros(2))  # a's loads run first: its gathers can run at once
     p.load([w], lambda i, n: np.ones(2))
-    p.load([a], lambda i, n: np.zeros(2))
     p.broadcast(w, a)
     p.report(a)
     p.finalize()
-    st, out = placed(p, worker=0, inline=False)
-    got = finish_until(st, out, K_SCATTER, lambda t: run_task(st, t))
-    kinds = ["send" if isinstance(i, Send) else i.task.kind for i in got]
-    assert "send" in kinds and K_GATHER in kinds, kinds
-    assert kinds.index(K_GATHER) > max(k for k, v in enumerate(kinds) if v == "send")
-    piece = next(i.message for i in got if isinstance(i, Send))
-    assert isinstance(piece, Piece) and all(st.map.owner(p.group_of(a), j) == 1 for j in piece.dsts)
+    st, out = placed(p, worker=0, inline=False, max_fused=0)
+    got = run_tasks(st, out, until=K_SCATTER)
+    # the piece for worker 1 (a[2], a[3]) leaves first; the local gathers are ready after it
+    assert got[0] == Send.match(dest=2, message=Piece.match(dsts=(2, 3)))
+    steps = [(r.what, r.part) for r in st.story(2) if r.what in ("send", "ready")]
+    assert steps == [("ready", 0), ("send", 2), ("ready", 0), ("ready", 1)]  # the scatter,
+    # its piece to rank 2, then the gathers of a[0] and a[1]
 
 
 def scatter_program(P: int, Q: int, nbytes: int, targets: Any = None) -> tuple[Program, int]:
@@ -441,18 +403,19 @@ def scatter_program(P: int, Q: int, nbytes: int, targets: Any = None) -> tuple[P
     return p.finalize(), s.id
 
 
-def scatter_sends(st: WorkerState, instrs: list) -> list[list[Any]]:
-    """Run every runnable task in order; for each scatter task, the messages its completion
-    sent."""
+def scatter_sends(st: WorkerState, out: list) -> list[list[Any]]:
+    """Run every task; for each scatter task, the pieces its completion sent."""
     got: list[list[Any]] = []
-    todo = [i.task for i in instrs if isinstance(i, RunTask)]
-    while todo:
-        t = todo.pop(0)
-        out = st.handle(run_task(st, t))
+    pending = out
+    while pending:
+        run = [i for i in pending if isinstance(i, RunTask)]
+        if not run:
+            break
+        t = run[0].task
+        pending = st.handle(run_task(st, t, next(EIDS)))
         if t.kind == K_SCATTER:
-            got.append([i.message for i in out if isinstance(i, Send)
-                        and not isinstance(i.message, (Done, ReportPart))])
-        todo += [i.task for i in out if isinstance(i, RunTask)]
+            got.append([i.message for i in sends(pending)
+                        if isinstance(i.message, (Piece, PieceBatch))])
     return got
 
 
@@ -461,69 +424,66 @@ def test_a_workers_small_reduce_pieces_leave_together_after_its_last_scatter() -
     # first piece waits for the second and both leave in one message, in source order.
     p, s_id = scatter_program(4, 1, 24)
     st1, out = placed(p, worker=1)
-    sends = scatter_sends(st1, out)
-    assert sends[0] == [] and len(sends[1]) == 1
-    batch = sends[1][0]
-    assert isinstance(batch, PieceBatch)
-    assert [(q.seq, q.dataset, q.src, q.dsts) for q in batch.pieces] == [(1, s_id, 2, (0,)),
-                                                                         (1, s_id, 3, (0,))]
-    assert [q.array[0] for q in batch.pieces] == [3.0, 4.0]
+    assert scatter_sends(st1, out) == [[], [PieceBatch.match()]]
     assert st1.sent.get("Piece", 0) == 0 and st1.sent["PieceBatch"] == 1
     assert not st1._batches and not st1._scatters_left  # nothing kept once the batch left
-    st1.validate_state()
-    # The receiver gathers from a batch exactly as from single pieces: 1+2+3+4 per element.
+
+
+def test_pieces_in_a_batch_are_gathered_as_if_each_had_come_alone() -> None:
+    p, s_id = scatter_program(4, 1, 24)
+    st1, out = placed(p, worker=1)
+    pending = out
+    batch = None
+    while pending:
+        run = [i for i in pending if isinstance(i, RunTask)]
+        if not run:
+            break
+        pending = st1.handle(run_task(st1, run[0].task, next(EIDS)))
+        batch = batch or next((i.message for i in sends(pending)
+                               if isinstance(i.message, PieceBatch)), None)
+    assert batch is not None
+    assert [(q.seq, q.dataset, q.src, q.dsts) for q in batch.pieces] == [
+        (1, s_id, 2, (0,)), (1, s_id, 3, (0,))]
     st0, out0 = placed(p, worker=0)
-    out0 = out0 + st0.handle(batch)
-    todo = [i.task for i in out0 if isinstance(i, RunTask)]
-    reports = []
-    while todo:
-        t = todo.pop(0)
-        got = st0.handle(run_task(st0, t))
-        reports += [i.message for i in got if isinstance(i, Send)
-                    and isinstance(i.message, ReportPart)]
-        todo += [i.task for i in got if isinstance(i, RunTask)]
-    assert [r.array.tolist() for r in reports] == [[10.0, 10.0, 10.0]]
-    st0.validate_state()
+    seen = run_tasks(st0, out0 + st0.handle(batch))
+    reports = [i.message for i in sends(seen) if isinstance(i.message, ReportPart)]
+    assert [r.array.tolist() for r in reports] == [[10.0, 10.0, 10.0]]  # 1+2+3+4
 
 
 def test_pieces_leave_at_once_when_batching_could_delay_a_gather() -> None:
     # Large pieces are not kept (moving them is bandwidth-bound, and keeping them holds memory).
-    p, _ = scatter_program(4, 1, URGENT_MAX_BYTES + 8)
+    p, _ = scatter_program(4, 1, SMALL + 8)
     st1, out = placed(p, worker=1)
-    sends = scatter_sends(st1, out)
-    assert [[type(m) for m in s] for s in sends] == [[Piece], [Piece]]
+    assert scatter_sends(st1, out) == [[Piece.match(src=2)], [Piece.match(src=3)]]
     # s[0] (on worker 0) needs only x[2]; worker 1 also holds x[3], whose piece goes to s[1]
     # (its own): x[2]'s piece must not wait for x[3]'s scatter.
     p, _ = scatter_program(4, 2, 24, targets=lambda i: (0,) if i < 3 else (1,))
     st1, out = placed(p, worker=1)
-    sends = scatter_sends(st1, out)
-    assert [[(type(m), m.src) for m in s] for s in sends] == [[(Piece, 2)], []]
+    assert scatter_sends(st1, out) == [[Piece.match(src=2)], []]
 
 
-# ---------------------------------------------------------------- small moves run inline
+# ------------------------------------------------------------------ small moves run inline
 def test_inline_a_reduce_runs_its_small_moves_inside_the_state_machine() -> None:
     p, s_id = reduce_program()
     # Worker 1 (x[1]): the load's TaskDone sends the piece at once; no scatter task is made.
     st1, out = placed(p, worker=1)
     arr = np.full(3, 2.0)
-    got = st1.handle(TaskDone(2, only_task(out), (arr,)))
-    assert [type(i.message) for i in got] == [Piece, Done]
+    ev = done(out[0].task, (arr,))
+    got = st1.handle(ev)
+    assert got == [Send(1, Piece.match(seq=1, src=1, dsts=(0,), array=np.full(3, 2.0)), ev.eid),
+                   Send(0, Done.match(tasks_run=2), ev.eid)]
     piece = got[0].message
     arr[:] = -1.0  # an in-place update of x[1] after the scatter must not reach the piece
-    assert piece.array.tolist() == [2.0, 2.0, 2.0] and piece.dsts == (0,)
-    assert (st1.tasks_run, st1.inline_run, got[1].message.tasks_run) == (2, 1, 2)
-    st1.validate_state()
+    assert piece.array.tolist() == [2.0, 2.0, 2.0]
+    assert (st1.tasks_run, st1.inline_run) == (2, 1)
     # Worker 0 (x[0], s): its own piece waits in the gather; the remote one completes the sum.
-    # The report of s stays a task (the runtime runs it after urgent ones, a loop's signal).
+    # The report of s stays a task (it runs after urgent ones, a loop's signal).
     st0, out = placed(p, worker=0)
-    assert st0.handle(TaskDone(2, only_task(out), (np.full(3, 1.0),))) == []
-    report = only_task(st0.handle(piece))
-    assert report.kind == K_REPORT and st0.parts[(s_id, 0)].value.tolist() == [3.0, 3.0, 3.0]
+    assert st0.handle(done(out[0].task, (np.full(3, 1.0),))) == []
+    out = st0.handle(piece)
+    assert out == [RunTask.match(kind=K_REPORT)]
+    assert st0.parts[(s_id, 0)].value.tolist() == [3.0, 3.0, 3.0]
     assert (st0.tasks_run, st0.inline_run) == (3, 2)  # load, scatter, gather
-    got = st0.handle(run_task(st0, report))
-    assert [type(i.message) for i in got] == [ReportPart, Done]
-    assert got[0].message.array.tolist() == [3.0, 3.0, 3.0]
-    st0.validate_state()
 
 
 class DoublingGather:
@@ -542,16 +502,17 @@ def test_inline_leaves_large_pieces_and_user_gathers_to_tasks() -> None:
     p = Program("moves")
     big, small = p.dataset("big", 1), p.dataset("small", 1)
     s1, s2 = p.dataset("s1", 1), p.dataset("s2", 1)
-    p.load([big, small], lambda i, n: (np.zeros(URGENT_MAX_BYTES // 8 + 1), np.ones(2)))
+    p.load([big, small], lambda i, n: (np.zeros(SMALL // 8 + 1), np.ones(2)))
     p.reduce(big, s1, name="r_big")  # 64 KB + 8 bytes: copying it is work, not bookkeeping
     p.reduce(small, s2, op=DoublingGather(), name="r_user")  # user code, not even hashable
     st = WorkerState(p.finalize(), 0, 1, max_fused=0)
     st.start()
-    load = only_task(st.handle(Placement(1, PartitionMap.initial([1, 1, 1, 1], 1))))
-    out = st.handle(TaskDone(0, load, (np.zeros(URGENT_MAX_BYTES // 8 + 1), np.ones(2))))
-    ran = sorted((i.task.stage.name, i.task.kind) for i in out if isinstance(i, RunTask))
-    # the small scatter of r_user ran inline and made its (user) gather runnable
-    assert ran == [("r_big", K_SCATTER), ("r_user", K_GATHER)]
+    out = st.handle(Placement(1, PartitionMap.initial([1, 1, 1, 1], 1)))
+    out = st.handle(done(out[0].task, (np.zeros(SMALL // 8 + 1), np.ones(2))))
+    # the small scatter of r_user ran inline and made its (user) gather ready; the large
+    # scatter is urgent-sized no more, so the gather (ready second) waits behind it
+    assert out == [RunTask.match(stage="r_big", kind=K_SCATTER)]
+    assert [(t.stage.name, t.kind) for t in st.ready] == [("r_user", K_GATHER)]
     assert st.inline_run == 1
 
 
@@ -563,27 +524,186 @@ def test_inline_broadcast_gives_each_local_partition_its_own_array() -> None:
     p.compute(lambda x: x, [a], [a], name="keep")
     st = WorkerState(p.finalize(), 0, 1, max_fused=0)
     st.start()
-    loads = [i.task for i in st.handle(Placement(1, PartitionMap.initial([1, 3], 1)))]
+    out = st.handle(Placement(1, PartitionMap.initial([1, 3], 1)))
     w0 = np.arange(4.0)
-    st.handle(TaskDone(0, loads[0], (w0,)))
+    st.handle(done(out[0].task, (w0,)))
     values = [st.parts[(a.id, j)].value for j in range(3)]
     assert all(v.tolist() == [0.0, 1.0, 2.0, 3.0] for v in values)
     arrays = [w0, *values]
     assert not any(np.shares_memory(x, y) for k, x in enumerate(arrays) for y in arrays[k + 1:])
     assert st.inline_run == 4  # the scatter and three gathers
-    st.validate_state()
 
 
-def test_inline_loop_body_broadcast_leaves_before_the_rest_of_the_body_is_emitted() -> None:
-    p, w = broadcast_loop(4)
-    st, out = placed(p, worker=0, max_fused=0)
-    assert st.map is not None and st.map.owner(p.group_of(w), 0) == 0  # w's holder sends
-    seen: list[tuple[str, set[str]]] = []
-    st.send_now = lambda ins: seen.append(
-        (type(ins.message).__name__, {t.stage.name for t in st.tasks.values()}))
-    finish_until(st, out, "signal", lambda t: TaskDone(
-        0, t, True if t.kind == "signal" else (np.zeros(1),)))
-    first_piece = next(names for kind, names in seen if kind == "Piece")
-    assert "inc" not in first_piece  # sent while emitting the broadcast, before the body
-    assert "inc" in {t.stage.name for t in st.tasks.values()}
-    st.validate_state()
+# ------------------------------------------------------------------ fused stretches
+def test_compute_only_loop_runs_as_one_fused_stretch() -> None:
+    p = compute_loop(parts=3, iters=10)
+    st = WorkerState(p, 0, 1, max_fused=1000, inline=False)
+    st.start()
+    out = st.handle(Placement(1, PartitionMap.initial([3], 1)))
+    assert out == [RunTask.match(kind=K_LOAD, part=0)]
+    # One fused task stands for all 20 instances on the 3 partitions, queued behind the loads.
+    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    assert len(fused) == 1 and fused[0].waiting > 0
+    stretch = fused[0].stretch
+    assert [(s.name, seq, it) for s, seq, it in stretch.instances[:3]] == [
+        ("add", 1, (0,)), ("dbl", 2, (0,)), ("add", 3, (1,))]
+    assert stretch.idxs == [0, 1, 2] and stretch.tasks == 60
+    assert st.seq == 22 and st.live == {0: 3, 20: 1, 21: 3}  # loads, the stretch, the report
+    for part in range(3):
+        out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+        if part < 2:
+            assert out == [RunTask.match(kind=K_LOAD, part=part + 1)]
+    assert out == [RunTask(fused[0], out[0].cause)]
+    st.handle(run_task(st, out[0].task, next(EIDS)))
+    # a = sum of b's doublings 1 + 2 + ... + 2^9; b = 2^10; the report's reads are now granted
+    assert [float(st.parts[(0, i)].value[0]) for i in range(3)] == [1023.0] * 3
+    assert [float(st.parts[(1, i)].value[0]) for i in range(3)] == [1024.0] * 3
+    assert st.tasks_run == 3 + 60 and st.stretches_run == 1
+    assert all(st.parts[(d, i)].last_seq == 20 for d in (0, 1) for i in range(3))
+
+
+def test_fused_stretches_respect_max_fused_and_wait_for_each_other() -> None:
+    st, _ = placed(compute_loop(parts=2, iters=10), 0, 1, max_fused=8)
+    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    # 8 tasks = 4 instances on 2 partitions; the next instance waits for that stretch instead
+    # of being emitted as ordinary tasks.
+    assert len(fused) == 1 and fused[0].stretch.tasks == 8
+    assert st.seq == 5 and all(t.kind in (K_LOAD, K_FUSED) for t in st.tasks.values())
+
+
+def test_stretch_budget_amortises_rows_and_bounds_message_latency() -> None:
+    c = WorkerConfig()
+    # short tasks: about fuse_target_s seconds of them
+    assert stretch_budget(1e-6, 10, c) == round(c.fuse_target_s / 1e-6)
+    # 100 µs tasks on 10 rows: the target would be a single stage; at least 8 stages instead
+    assert stretch_budget(1e-4, 10, c) == c.fuse_min_instances * 10
+    # ... but never longer than fuse_max_s, and never fewer than 2 tasks
+    assert stretch_budget(1e-3, 10, c) == round(c.fuse_max_s / 1e-3)
+    assert stretch_budget(1.0, 10, c) == 2
+    assert stretch_budget(0.0, 1, c) == c.max_fused_cap
+
+
+def test_no_fusion_below_two_tasks_or_across_communication() -> None:
+    p = Program("mixed")
+    a, s = p.dataset("a", 2), p.dataset("s", 1)
+    p.load([a], lambda i, n: np.ones(1))
+    p.compute(lambda x: x + 1, [a], [a], name="inc")
+    p.reduce(a, s)
+    p.compute(lambda x: x * 2, [s], [s], name="one_task")
+    p.report(s)
+    st = WorkerState(p.finalize(), 0, 1)
+    st.start()
+    st.handle(Placement(1, PartitionMap.initial([2, 1], 1)))
+    kinds = {(t.stage.name, t.kind) for t in st.tasks.values()}
+    assert ("inc", K_FUSED) in kinds  # 1 instance x 2 partitions
+    assert ("one_task", K_COMPUTE) in kinds  # a lone task is not fused
+
+
+def test_a_stretch_sizes_the_next_from_its_measured_time() -> None:
+    st, out = placed(compute_loop(parts=2, iters=40), 0, 1, max_fused=8)
+    for _ in range(2):
+        out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+    fused = out[0].task
+    assert fused.kind == K_FUSED
+    st.handle(done(fused, [(p, p.value) for row in fused.stretch.parts for p in row.values()],
+                   seconds=8 * 1e-3))  # 1 ms tasks, no communication between them
+    assert st.max_fused == stretch_budget(1e-3, 2, st.config) and not st.lone_stages
+    fixed, out = placed(compute_loop(parts=2, iters=40), 0, 1, max_fused=8, adapt_fused=False)
+    for _ in range(2):
+        out = fixed.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+    fixed.handle(done(out[0].task, [(p, p.value) for row in out[0].task.stretch.parts
+                                    for p in row.values()], seconds=8 * 1e-3))
+    assert fixed.max_fused == 8
+
+
+def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
+    # inc sits between a broadcast and a reduce: a stretch of it is one instance.
+    p = Program("between")
+    a, w, s = p.dataset("a", 3), p.dataset("w", 1), p.dataset("s", 1)
+    p.load([a], lambda i, n: np.ones(1))
+    p.load([w], lambda i, n: np.ones(1))
+    with p.loop(3):
+        p.broadcast(w, a)
+        p.compute(lambda x: x + 1, [a], [a], name="inc")
+        p.reduce(a, s)
+    p = p.finalize()
+    lone = st_lone = None
+    for seconds, expect in ((3 * 1e-5, False), (3 * 5e-5, False), (3 * 5e-5, True)):
+        # 10 µs tasks: fusing them is worth it; 50 µs: not, but a stage's first timed
+        # stretch includes compiling, so only the second makes the stage lone
+        if lone is None or not expect:
+            st_lone, out = placed(p, 0, 1, window=1000)
+        assert st_lone is not None
+        fused = next(t for t in st_lone.tasks.values() if t.kind == K_FUSED)
+        assert len(fused.stretch.instances) == 1
+        inc = fused.stretch.instances[0][0].id
+        st_lone._tune_fusion(fused, seconds)
+        lone = st_lone.lone_stages
+        assert (inc in lone) is expect, (seconds, lone)
+    # A fresh interpreter that has learnt the same emits every iteration's inc as ordinary
+    # tasks, without waiting for anything.
+    st2 = WorkerState(p, 0, 1, window=1000)
+    st2.lone_stages.add(inc)  # before the placement, which emits the loop
+    st2.start()
+    st2.handle(Placement(1, PartitionMap.initial([3, 1, 1], 1)))
+    kinds = [t.kind for t in st2.tasks.values() if t.stage.name == "inc"]
+    assert kinds == [K_COMPUTE] * 9
+
+
+# ------------------------------------------------------------------ urgency, story, config
+def test_signals_and_small_scatters_are_urgent_large_scatters_and_compute_are_not() -> None:
+    p = Program("sizes")
+    small, big, s = p.dataset("small", 1), p.dataset("big", 1), p.dataset("s", 1)
+    p.load([small, big], lambda i, n: (np.zeros(8), np.zeros(SMALL // 8 + 1)))
+    p.reduce(small, s, name="r_small")
+    p.reduce(big, s, name="r_big")
+    p.compute(lambda x: x, [small], [small], name="c")
+    st = WorkerState(p.finalize(), 0, 1, max_fused=0, inline=False)
+    st.start()
+    out = st.handle(Placement(1, PartitionMap.initial([1, 1, 1], 1)))
+    st.handle(done(out[0].task, (np.zeros(8), np.zeros(SMALL // 8 + 1))))
+    by_name = {(t.stage.name, t.kind): t for t in st.tasks.values()}
+    assert is_urgent(by_name[("r_small", K_SCATTER)], SMALL)
+    assert not is_urgent(by_name[("r_big", K_SCATTER)], SMALL)  # 64 KB + 8 bytes
+    assert not is_urgent(by_name[("c", K_COMPUTE)], SMALL)
+    assert not is_urgent(by_name[("r_small", K_GATHER)], SMALL)
+    st2, out = placed(while_program(), worker=0)
+    sig = st2.handle(done(out[0].task, (np.zeros(1),)))[0].task
+    assert sig.kind == K_SIGNAL and is_urgent(sig, SMALL)
+
+
+def test_story_tells_why_a_stage_instances_tasks_ran() -> None:
+    p, s_id = reduce_program()
+    st0, out = placed(p, worker=0, inline=False)
+    load_done = done(out[0].task, (np.full(3, 1.0),))
+    out = st0.handle(load_done)
+    scatter_done = done(out[0].task, np.full(3, 1.0))
+    st0.handle(scatter_done)  # s[0]'s gather waits for worker 1's piece
+    piece = Piece(1 << 41 | 5, 1, s_id, 1, (0,), (1,), np.full(3, 2.0))
+    out = st0.handle(piece)
+    gather = out[0].task
+    story = [(r.what, r.tid, r.cause) for r in st0.story(1)]
+    assert story == [
+        ("emit", -1, 1),  # the reduce (seq 1) was emitted when the placement came (eid 1)
+        ("ready", story[1][1], load_done.eid),  # its scatter: ready once the load was done
+        ("run", story[1][1], load_done.eid),
+        ("done", story[1][1], scatter_done.eid),
+        ("recv", -1, piece.eid),  # the piece from worker 1 ...
+        ("ready", gather.tid, piece.eid),  # ... made the gather ready, and it ran
+        ("run", gather.tid, piece.eid),
+    ]
+    assert [r.what for r in st0.story_of_event(piece.eid)] == ["recv"]
+    assert WorkerState(p, 0, 2, story_size=0).story(1) == []
+
+
+def test_config_reads_the_environment_once_with_clear_errors() -> None:
+    c = WorkerConfig.from_env({"CANARY_MAX_FUSED": "0", "CANARY_SPIN_US": "250",
+                               "CANARY_COMPILE_AFTER": "10"}, window=8)
+    assert (c.max_fused, c.spin_s, c.compile_after, c.window) == (0, 250e-6, 10, 8)
+    assert WorkerConfig.from_env({}) == WorkerConfig()
+    with pytest.raises(ValueError, match=r"CANARY_MAX_FUSED='lots' is not an integer"):
+        WorkerConfig.from_env({"CANARY_MAX_FUSED": "lots"})
+    with pytest.raises(ValueError, match=r"WorkerConfig.window must be an integer >= 1"):
+        WorkerConfig(window=0)
+    with pytest.raises(TypeError, match=r"no field\(s\) \['windw'\]"):
+        WorkerConfig.from_env({}, windw=3)

@@ -6,15 +6,18 @@ This is the only place user code (kernels, loaders, signals, gathers) is called 
 
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any
 
 import numpy as np
 from canary.worker.chain import CHAINS, is_compile_error
-from canary.worker.state import (
+from canary.worker.state import WorkerState
+from canary.worker.tasks import (
     K_COMPUTE,
     K_FUSED,
     K_GATHER,
@@ -23,7 +26,6 @@ from canary.worker.state import (
     K_SIGNAL,
     Stretch,
     Task,
-    WorkerState,
 )
 
 from canary.messages import TaskDone, TaskFailed
@@ -33,9 +35,10 @@ class ResultError(TypeError):
     """A task returned something of the wrong shape for its stage."""
 
 
-def run_task(state: WorkerState, task: Task,
+def run_task(state: WorkerState, task: Task, eid: int = 0,
              on_task: Callable[..., None] | None = None) -> TaskDone | TaskFailed:
-    """Run ``task`` and return the event to feed back to ``state``.
+    """Run ``task`` and return the event to feed back to ``state``, with id ``eid`` and, on a
+    :class:`TaskDone`, the seconds the task took.
 
     ``on_task(stage, seq, iteration, partition, start, end)`` (tracing only) is called after
     each task inside a fused stretch, with ``time.time()`` stamps; the stretch then calls every
@@ -46,24 +49,28 @@ def run_task(state: WorkerState, task: Task,
     traceback, which the worker forwards to the controller.
     """
     kind = task.kind
+    t0 = perf_counter()
     if kind == K_COMPUTE:  # the hot path: no (fn, args) tuple, one type check per output
         try:
             res = task.stage.fn(*[p.value for p in task.reads])  # type: ignore[misc]
             if type(res) is np.ndarray and len(task.writes) == 1 and not res.dtype.hasobject:
-                return TaskDone(0, task, (_unaliased(res, task.writes[0], task.reads),))
+                return TaskDone(eid, task, (_unaliased(res, task.writes[0], task.reads),),
+                                perf_counter() - t0)
             outs = _outputs(task.stage.writes, res)
-            return TaskDone(0, task, tuple(_unaliased(v, w, task.reads)
-                                           for v, w in zip(outs, task.writes)))
+            return TaskDone(eid, task, tuple(_unaliased(v, w, task.reads)
+                                             for v, w in zip(outs, task.writes)),
+                            perf_counter() - t0)
         except Exception:
-            return _failed(state, task)
+            return _failed(state, task, eid)
     if kind == K_FUSED:
         assert task.stretch is not None
-        return _run_stretch(state, task, task.stretch, on_task)
+        return _run_stretch(state, task, task.stretch, eid, t0, on_task)
     fn, args = state.task_call(task)
     try:
         res = fn(*args)
         if kind == K_LOAD:
             res = _outputs(task.stage.writes, res)
+            _check_loaded(state, task, res)
         elif kind == K_SCATTER:
             res = _pieces(task, res)
         elif kind == K_GATHER:
@@ -75,11 +82,11 @@ def run_task(state: WorkerState, task: Task,
         elif kind == K_SIGNAL:
             res = _signal(res)
     except Exception:
-        return _failed(state, task)
-    return TaskDone(0, task, res)
+        return _failed(state, task, eid)
+    return TaskDone(eid, task, res, perf_counter() - t0)
 
 
-def _run_stretch(state: WorkerState, task: Task, stretch: Stretch,
+def _run_stretch(state: WorkerState, task: Task, stretch: Stretch, eid: int, t0: float,
                  on_task: Callable[..., None] | None = None) -> TaskDone | TaskFailed:
     """Run a fused stretch: every compute instance on one partition index, then the next.
 
@@ -150,9 +157,9 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch,
             out.extend((row[d], vals[d]) for d in stretch.written)
         except Exception:
             st, _seq, it = instances[n]
-            return _failed(state, task, f"{st.label(it)}, compute task on partition {i} "
-                                        f"(in a {stretch.describe()})")
-    return TaskDone(0, task, out)
+            return _failed(state, task, eid, f"{st.label(it)}, compute task on partition {i} "
+                                             f"(in a {stretch.describe()})")
+    return TaskDone(eid, task, out, perf_counter() - t0)
 
 
 def _step(st: Any) -> tuple[Any, int | None, tuple[int, ...], tuple[int, ...],
@@ -182,6 +189,43 @@ def _unaliased(value: np.ndarray, dest: Any, reads: tuple[Any, ...]) -> np.ndarr
     return _alias_free(value, [r.value for r in reads if r is not dest])
 
 
+def _check_loaded(state: WorkerState, task: Task, outs: tuple[np.ndarray, ...]) -> None:
+    """Raise ResultError if a loader's output shares memory with another of its outputs or with
+    a partition this worker already holds.
+
+    Loaded arrays become partitions that in-place kernels update; one array behind two
+    partitions (a loader returning the same template for every partition, or overlapping
+    slices of one array) would make the answer depend on which partitions share a worker.
+    Disjoint slices of one array are fine. Copying every loaded array instead would double a
+    worker's peak memory while it loads.
+    """
+    names = [d.name for d in task.stage.writes]
+    for k, v in enumerate(outs):
+        for m in range(k):
+            if _overlap(v, outs[m]):
+                raise ResultError(f"returned the same memory for outputs '{names[m]}' and "
+                                  f"'{names[k]}': return a separate array for each (e.g. "
+                                  "np.array(x, copy=True))")
+        for p in state.parts.values():
+            if p.value is not None and p not in task.writes and _overlap(v, p.value):
+                held = state.program.datasets[p.dataset].name
+                raise ResultError(
+                    f"returned for '{names[k]}' memory that partition {p.index} of '{held}' "
+                    "already holds (the same array, or an overlapping view): return a new "
+                    "array for each partition (e.g. np.array(x, copy=True))")
+
+
+def _overlap(a: np.ndarray, b: Any) -> bool:
+    if a is b:
+        return True
+    if not isinstance(b, np.ndarray) or not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(a, b, max_work=100_000))  # type: ignore[arg-type]
+    except np.exceptions.TooHardError:  # too costly to tell: take it as shared
+        return True
+
+
 def _alias_free(value: np.ndarray, others: list[Any]) -> np.ndarray:
     """``value``, copied if it is one of ``others`` or a direct view of one."""
     base = value.base
@@ -191,10 +235,15 @@ def _alias_free(value: np.ndarray, others: list[Any]) -> np.ndarray:
     return value
 
 
-def _failed(state: WorkerState, task: Task, label: str | None = None) -> TaskFailed:
-    msg = (f"rank {state.rank} (worker {state.worker}): {label or task.label()} failed:\n"
-           f"{traceback.format_exc()}")
-    return TaskFailed(0, task, msg)
+def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None) -> TaskFailed:
+    """The event for the exception being handled: where it happened, and the user code's
+    traceback; a malformed result (:class:`ResultError`, raised by canary's own checks) is said
+    in one line, since canary's frames would say nothing to the user."""
+    exc = sys.exc_info()[1]
+    where = f"rank {state.rank} (worker {state.worker}): {label or task.label()}"
+    if isinstance(exc, ResultError):
+        return TaskFailed(eid, task, f"{where} {exc}")
+    return TaskFailed(eid, task, f"{where} failed:\n{traceback.format_exc()}")
 
 
 def _outputs(writes: tuple[Any, ...], res: Any) -> tuple[np.ndarray, ...]:

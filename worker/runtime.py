@@ -1,63 +1,56 @@
-"""The worker's thin MPI shell: turn instructions into MPI sends and kernel calls."""
+"""The worker's thin MPI shell: carry out the state machine's instructions, feed it events.
+
+It sends what the state says to send, runs the one task the state hands out and feeds back its
+``TaskDone``, feeds ``Resume`` after a ``Yield``, and polls MPI between tasks. Every decision
+(which task runs next, when to stop emitting so that messages leave) is the state's.
+"""
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from itertools import count
 from typing import Any
 
+from canary.worker.chain import CHAINS
+from canary.worker.config import WorkerConfig
 from canary.worker.execute import run_task
-from canary.worker.state import K_COMPUTE, K_FUSED, K_SIGNAL, RunTask, Task, WorkerState, is_urgent
+from canary.worker.state import WorkerState
+from canary.worker.tasks import K_FUSED, K_SIGNAL, RunTask, Task
 from mpi4py import MPI
 
-from canary.env import env_number
 from canary.errors import JobAborted, TaskError
 from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
-from canary.messages import Abort, Send, Shutdown, TaskDone, TaskFailed
+from canary.messages import Abort, Resume, Send, Shutdown, TaskDone, TaskFailed, local_event_id
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
 
-POLL_INTERVAL = 5e-5  # seconds of tasks between two MPI polls while tasks are queued
-MAX_BATCH = 64
-# Hot polling after work, where every worker has a core (CANARY_SPIN_US). 50 ms covers the
-# waits inside an iteration (a worker waiting for the others' pieces, or for the next
-# iteration's signal): a worker that slept there was woken 0.7-4 ms late on this VM (LR 4M trace),
-# and 50 instead of 1 ms made LR 4M 50.7 -> 46.0 ms and 400K 6.5 -> 6.0 ms an iteration.
-SPIN_S = 5e-2
 
-
-def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
-               max_sleep: float = 2.5e-4, stats: dict[str, float] | None = None,
+def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = None,
+               stats: dict[str, float] | None = None,
                tracer: Tracer | None = None) -> WorkerState:
     """Run this rank as worker ``comm.rank - 1`` until the controller says Shutdown.
 
-    Raises :class:`TaskError` (after telling the controller) if a task fails, and
-    :class:`JobAborted` if the controller aborts the job. If ``stats`` is given it receives
-    ``t_first``/``cpu_first`` (``time.perf_counter()`` and ``time.process_time()`` when the
-    first task became runnable) and ``t_done``/``cpu_done`` (when the worker had sent Done):
-    the busy window the scheduler benchmark measures. They are taken outside the per-task path.
-    With a :class:`canary.trace.Tracer`, every task and message is recorded (the only cost
-    when it is None is one test per task).
+    ``config`` defaults to :meth:`WorkerConfig.from_env` (the ``CANARY_*`` variables). Raises
+    :class:`TaskError` (after telling the controller) if a task fails, and :class:`JobAborted`
+    if the controller aborts the job. If ``stats`` is given it receives ``t_first``/``cpu_first``
+    (``time.perf_counter()`` and ``time.process_time()`` when the first task became runnable)
+    and ``t_done``/``cpu_done`` (when the worker had sent Done): the busy window the scheduler
+    benchmark measures. With a :class:`canary.trace.Tracer`, every task and message is recorded
+    (the only cost when it is None is one test per task).
     """
-    # CANARY_MAX_FUSED=0 turns fused compute stretches off (every task scheduled alone).
-    state = WorkerState(program, comm.Get_rank() - 1, comm.Get_size() - 1, window,
-                        int(env_number("CANARY_MAX_FUSED", 1024, integer=True)))
+    config = WorkerConfig.from_env() if config is None else config
+    CHAINS.compile_after = config.compile_after
+    rank = comm.Get_rank()
+    state = WorkerState(program, rank - 1, comm.Get_size() - 1, config)
     tx = MpiTransport(comm)
-    runq: deque[Task] = deque()
-    urgent: deque[Task] = deque()  # runnable tasks that is_urgent: they run first
-    # With a core per worker, poll hot for SPIN_S after each burst of work: the message a worker
-    # waits for (a piece, a signal) usually comes within that, and is then seen at once rather
-    # than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
-    spin_s = env_number("CANARY_SPIN_US", SPIN_S * 1e6) * 1e-6
+    # With a core per worker, poll hot for a while after each burst of work: the message a
+    # worker waits for (a piece, a signal) usually comes within that, and is then seen at once
+    # rather than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
     tight_timer_slack()
-    backoff = Backoff(max_sleep=max_sleep, spins=200,
-                      spin_s=spin_s if workers_fit_cores(comm.Get_size()) else 0.0)
-
-    push = runq.append
-    popleft = runq.popleft
-    push_urgent = urgent.append
-    pop_urgent = urgent.popleft
+    backoff = Backoff(max_sleep=config.max_sleep_s, spins=200,
+                      spin_s=config.spin_s if workers_fit_cores(comm.Get_size()) else 0.0)
+    ids = count(1)
     handle = state.handle
     send = tx.send
     # A loop-only tracer records signal tasks and nothing else (see canary.trace): every other
@@ -75,80 +68,73 @@ def run_worker(program: Program, comm: MPI.Comm, window: int = 64,
                 trace_send(dest, msg)
                 tx.send(dest, msg)
 
-    # Messages leave as soon as the state machine decides them, not after it has emitted the
-    # tasks that follow (a loop's next iteration): the other workers wait on them.
-    state.send_now = lambda ins: send(ins.dest, ins.message)
-    # Likewise a scatter emitted at the top of a loop body (a broadcast) runs before the rest
-    # of the body is emitted: the interpreter pauses for it, and is resumed once it has run.
-    state.pause_for_sends = True
-
-    def apply(instrs: list[Any]) -> None:
-        for ins in instrs:
-            if type(ins) is RunTask:
-                (push_urgent if is_urgent(ins.task) else push)(ins.task)
-            else:
-                assert isinstance(ins, Send)
-                send(ins.dest, ins.message)
-
-    # MPI is polled between batches of tasks, not after every task (an Iprobe costs ~0.5 µs,
-    # as much as scheduling a task): the batch adapts so that a batch lasts about
-    # POLL_INTERVAL seconds, which bounds the extra latency of a message to that plus one task.
+    task: Task | None = None  # handed out by the state, not yet run
+    resume = False  # the state yielded: feed it Resume once the sends before it are out
+    for ins in state.start():
+        send(ins.dest, ins.message)
+    # MPI is polled between batches of tasks, not after every task (an Iprobe costs about as
+    # much as scheduling a task): the batch adapts so that it lasts about poll_interval_s,
+    # which bounds the extra latency of a message to that plus one task.
     batch = 1
+    poll_interval = config.poll_interval_s
+    max_batch = config.max_batch
     perf_counter = time.perf_counter
-    apply(state.start())
     while True:
         got = tx.poll()
         while got is not None:
             msg = got[1]
             if trace_recv is not None:
                 trace_recv(got[0], msg)
-            if isinstance(msg, Shutdown):
+            if type(msg) is Shutdown:
                 tx.flush()
                 return state
-            if isinstance(msg, Abort):
+            if type(msg) is Abort:
                 raise JobAborted(msg.reason)
-            apply(state.handle(msg))
-            if stats is not None and (runq or urgent) and "t_first" not in stats:
+            for ins in handle(msg):
+                if type(ins) is Send:
+                    send(ins.dest, ins.message)
+                elif type(ins) is RunTask:
+                    task = ins.task
+                else:
+                    resume = True
+            if stats is not None and task is not None and "t_first" not in stats:
                 stats["t_first"] = time.perf_counter()
                 stats["cpu_first"] = time.process_time()
             got = tx.poll()
-        if state.paused and not urgent:
-            apply(state.resume())
-        if runq or urgent:
+        if task is not None or resume:
             backoff.reset()
             t0 = perf_counter()
             n = 0
-            while n < batch and (urgent or runq):
-                n += 1
-                task = pop_urgent() if urgent else popleft()
-                if task.kind is K_FUSED:
-                    t_start = perf_counter()
-                    ev = run_task(state, task, trace_fused)
-                    state.stretch_timed(task, perf_counter() - t_start)
-                elif trace_task is None or (not full and task.kind is not K_SIGNAL):
-                    ev = run_task(state, task)
-                else:
-                    t_start = clock()
-                    ev = run_task(state, task)
-                    trace_task(task, t_start, clock(), type(ev) is TaskDone)
-                for ins in handle(ev):
-                    if type(ins) is RunTask:
-                        t = ins.task
-                        if t.kind is not K_COMPUTE and is_urgent(t):
-                            push_urgent(t)
-                        else:
-                            push(t)
+            while n < batch and (task is not None or resume):
+                if task is not None:
+                    n += 1
+                    cur, task = task, None
+                    eid = local_event_id(rank, next(ids))
+                    if cur.kind is K_FUSED:
+                        ev: Any = run_task(state, cur, eid, trace_fused)
+                    elif trace_task is None or (not full and cur.kind is not K_SIGNAL):
+                        ev = run_task(state, cur, eid)
                     else:
+                        t_start = clock()
+                        ev = run_task(state, cur, eid)
+                        trace_task(cur, t_start, clock(), type(ev) is TaskDone)
+                else:
+                    ev = Resume(local_event_id(rank, next(ids)))
+                resume = False
+                for ins in handle(ev):
+                    if type(ins) is Send:
                         send(ins.dest, ins.message)
+                    elif type(ins) is RunTask:
+                        task = ins.task
+                    else:
+                        resume = True
                 if type(ev) is TaskFailed:
                     _wait_for_abort(tx, ev.message)
-                if state.paused and not urgent:
-                    apply(state.resume())
             if n == batch:
                 dt = perf_counter() - t0
-                if dt < POLL_INTERVAL * 0.5 and batch < MAX_BATCH:
+                if dt < poll_interval * 0.5 and batch < max_batch:
                     batch *= 2
-                elif dt > POLL_INTERVAL and batch > 1:
+                elif dt > poll_interval and batch > 1:
                     batch //= 2
             continue
         if stats is not None and state.done_sent and "t_done" not in stats:

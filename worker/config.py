@@ -1,0 +1,106 @@
+"""Everything a worker can be tuned by, in one place: :class:`WorkerConfig`.
+
+The environment is read here and only here (:meth:`WorkerConfig.from_env`), once, when a worker
+starts. The defaults are what the benchmarks in ``docs/performance.md`` were measured with.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from canary.env import env_number
+
+# Environment variable -> (field, multiplier from the variable's unit to the field's, integer?)
+ENVIRONMENT: dict[str, tuple[str, float, bool]] = {
+    "CANARY_MAX_FUSED": ("max_fused", 1.0, True),
+    "CANARY_SPIN_US": ("spin_s", 1e-6, False),
+    "CANARY_COMPILE_AFTER": ("compile_after", 1.0, True),
+}
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """A worker's tunables. The state machine reads the first group, the MPI runtime the second.
+
+    Raises ValueError (naming the field) for a value out of range.
+    """
+
+    # ---- the state machine (canary.worker.state)
+    #: Stage instances a worker may have emitted and not finished (the run-ahead window).
+    window: int = 64
+    #: Most tasks the first fused compute stretch may stand for; below 2, fusion is off.
+    max_fused: int = 1024
+    #: Size later stretches from the measured time of the last one (see ``stretch_budget``).
+    adapt_fused: bool = True
+    #: A fused stretch should last about this long ...
+    fuse_target_s: float = 5e-3
+    #: ... but cover at least this many stage instances (a stretch costs a few µs per
+    #: partition whatever its length, so a one-stage stretch saves nothing over lone tasks) ...
+    fuse_min_instances: int = 8
+    #: ... and never last longer than this: no message is read while it runs.
+    fuse_max_s: float = 2e-2
+    #: Upper bound of any stretch, in tasks.
+    max_fused_cap: int = 1 << 16
+    #: A one-instance stretch whose tasks take this long or more is emitted as ordinary tasks
+    #: from then on: fusing saves a few µs a task, but holds every output back until the last
+    #: partition's kernel, and the sends they feed then leave together at the end.
+    lone_task_s: float = 5e-5
+    #: Complete canary's own small moves (a broadcast's or a reduce's pieces, a replace, sum or
+    #: concat gather, up to ``urgent_max_bytes``) inside ``handle`` rather than as tasks.
+    inline: bool = True
+    #: A scatter of at most this many bytes runs before queued compute tasks (its message is
+    #: what another worker waits for); larger pieces keep their place.
+    urgent_max_bytes: int = 1 << 16
+    #: Records kept for ``WorkerState.story`` (0: none).
+    story_size: int = 100_000
+    #: Tests only: pick the next ready task at random with this seed instead of urgent-first
+    #: FIFO, so that every order a runtime could produce gets exercised.
+    ready_order_seed: int | None = None
+
+    # ---- the MPI runtime (canary.worker.runtime)
+    #: With a core per worker, poll hot this long after a burst of work before sleeping: the
+    #: piece or signal a worker waits for usually comes within it (``CANARY_SPIN_US``).
+    spin_s: float = 5e-2
+    #: Longest idle sleep between polls.
+    max_sleep_s: float = 2.5e-4
+    #: Seconds of tasks between two MPI polls while tasks are runnable.
+    poll_interval_s: float = 5e-5
+    #: Most tasks between two polls.
+    max_batch: int = 64
+    #: Tasks a stretch body runs through Python dispatch before it is compiled into one loop
+    #: (``canary.worker.chain``; compiling costs about what that much dispatch does).
+    compile_after: int = 200_000
+
+    def __post_init__(self) -> None:
+        for name, low in (("window", 1), ("max_fused", 0), ("fuse_min_instances", 1),
+                          ("max_fused_cap", 2), ("urgent_max_bytes", 0), ("story_size", 0),
+                          ("max_batch", 1), ("compile_after", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"WorkerConfig.{name} must be an integer >= {low}, "
+                                 f"got {value!r}")
+        for name in ("fuse_target_s", "fuse_max_s", "lone_task_s", "spin_s", "max_sleep_s",
+                     "poll_interval_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"WorkerConfig.{name} must be a number >= 0, got {value!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: Any) -> WorkerConfig:
+        """The defaults, then the ``CANARY_*`` variables of ``environ`` (:data:`ENVIRONMENT`),
+        then ``overrides``. Raises ValueError naming the variable for a malformed value."""
+        values: dict[str, Any] = {}
+        defaults = cls()
+        for var, (name, unit, integer) in ENVIRONMENT.items():
+            if environ.get(var, "").strip():
+                raw = env_number(var, getattr(defaults, name) / unit, integer=integer,
+                                 environ=environ)
+                values[name] = int(raw) if integer else raw * unit
+        known = {f.name for f in fields(cls)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"WorkerConfig has no field(s) {sorted(unknown)}")
+        return replace(defaults, **values, **overrides)

@@ -1,0 +1,155 @@
+"""Fused compute stretches: a run of compute stage instances emitted as one task.
+
+Scheduling a task alone costs a few µs of Python (create it, queue its accesses, grant them,
+call the kernel, store the result, release the accesses). Where the program has a run of compute
+stages with no communication in between, a worker emits the run as one fused task
+(:class:`canary.worker.tasks.Stretch`), sized from the measured time of the last one
+(:func:`stretch_budget`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from canary.worker.config import WorkerConfig
+from canary.worker.core import WorkerCore
+from canary.worker.interpreter import _LOOP_CONTROL, loop_control
+from canary.worker.tasks import K_FUSED, Stretch, Task
+
+from canary.program import OP_STAGE, WRITE, Stage
+
+
+class Fusion(WorkerCore):
+    """Emitting and sizing fused stretches (mixed into ``WorkerState``)."""
+
+    def _init_fusion(self) -> None:
+        self.max_fused = self.config.max_fused
+        self.fused_live = 0  # fused tasks emitted and not finished
+        self.stretches_run = 0
+        # Compute stages whose tasks, run as a one-instance stretch, took lone_task_s or more:
+        # they run as ordinary tasks from then on (see _tune_fusion).
+        self.lone_stages: set[int] = set()
+        self._timed_stages: set[int] = set()  # stages seen in a timed one-instance stretch
+
+    def _fuse(self, out: list[Any]) -> bool | None:
+        """Emit the compute-only stretch starting at ``pc`` as one fused task.
+
+        A stretch is the run of compute stage instances of one co-location group that the
+        program reaches from ``pc`` through static loop control only (no signal, no
+        communication, no other group), up to ``max_fused`` tasks. Its task takes a write
+        access on every local partition the instances touch, queued in program order like any
+        task's, so it runs once everything emitted before it has released them. Returns True if
+        emitted (``pc``, the loop counters and ``seq`` then stand after the stretch, exactly as
+        if each instance had been emitted alone), False if the stage should be emitted as
+        ordinary tasks (the stretch would stand for fewer than 2, or be one instance of a stage
+        in ``lone_stages``), and None while another stretch runs and the stage's partitions
+        are busy: the interpreter then waits rather than falling back to ordinary tasks (which
+        would keep a compute loop out of fused mode for good). Waiting cannot deadlock:
+        everything emitted so far, on every worker, can finish without anything emitted later.
+        """
+        st0 = self.program.stages[self.program.ops[self.pc][1]]
+        g = self._fusable[st0.id]
+        idxs = self.local[g]
+        if not idxs:
+            return False
+        if st0.id in self.lone_stages and len(self._stretch(g, 2)[0]) == 1:
+            return False  # long tasks between communications: see _tune_fusion
+        if self.fused_live and not self._quiet(st0, idxs):
+            if len(idxs) > 1 or len(self._stretch(g, 2)[0]) > 1:
+                return None
+            return False  # a lone task: nothing to wait for
+        instances, datasets, pc, counters = self._stretch(g, max(1, self.max_fused // len(idxs)))
+        if len(instances) * len(idxs) < 2:
+            return False
+        seq0 = self.seq
+        fused: list[tuple[Stage, int, tuple[int, ...]]] = []
+        for k, (st, it) in enumerate(instances):
+            fused.append((st, seq0 + k, it))
+            self.program_tasks += self._tasks_per_instance[st.id]
+        self.seq = seq0 + len(instances)
+        self.pc = pc
+        self.counters[:] = counters
+        parts = [{d: self.parts[(d, i)] for d in sorted(datasets)} for i in idxs]
+        last_seq = fused[-1][1]
+        if self.log is not None:
+            self.log.append((self._cause, "emit", seq0, last_seq, -1, st0.id, 0))
+        acc = tuple((p, WRITE) for row in parts for p in row.values())
+        t = Task(self._tid, last_seq, st0, K_FUSED, idxs[0], instances[0][1], acc)
+        t.stretch = Stretch(fused, idxs, parts)
+        self._tid += 1
+        self.tasks[t.tid] = t
+        for p, _ in acc:
+            p.queue.append((t, WRITE))
+        self._pump_task(t, out)
+        self.live[last_seq] = 1
+        self.fused_live += 1
+        return True
+
+    def _stretch(self, g: int, limit: int
+                 ) -> tuple[list[tuple[Stage, tuple[int, ...]]], set[int], int, list[int]]:
+        """Look ahead from ``pc`` (changing nothing): the compute instances of group ``g`` the
+        program reaches through static loop control only, at most ``limit`` of them; with the
+        datasets they touch, and the ``pc`` and loop counters after them."""
+        ops = self.program.ops
+        stages = self.program.stages
+        fusable = self._fusable
+        pc = self.pc
+        counters = list(self.counters)
+        instances: list[tuple[Stage, tuple[int, ...]]] = []
+        datasets: set[int] = set()
+        seen: set[int] = set()
+        steps = 0
+        while len(instances) < limit and steps < 4 * limit + 16:
+            steps += 1
+            op = ops[pc]
+            code = op[0]
+            if code == OP_STAGE:
+                st = stages[op[1]]
+                if fusable[st.id] != g:
+                    break
+                instances.append((st, tuple(counters)))
+                if st.id not in seen:
+                    seen.add(st.id)
+                    datasets.update([d.id for d in st.reads + st.writes])
+                pc += 1
+            elif code in _LOOP_CONTROL:
+                pc = loop_control(op, pc, counters)
+            else:
+                break
+        return instances, datasets, pc, counters
+
+    def _quiet(self, st: Stage, idxs: list[int]) -> bool:
+        """Whether no access to a local partition ``st`` touches is granted or queued."""
+        parts = self.parts
+        for d in st.reads + st.writes:
+            for i in idxs:
+                p = parts[(d.id, i)]
+                if p.queue or p.writer or p.readers:
+                    return False
+        return True
+
+    def _tune_fusion(self, task: Task, seconds: float) -> None:
+        """Learn from a fused ``task`` that took ``seconds``: size the next stretches
+        (:func:`stretch_budget`), and if it was one stage instance (communication on both
+        sides) of tasks of ``lone_task_s`` or more (and not the stage's first such stretch,
+        which includes loading or compiling the kernel), emit that stage's later instances as
+        ordinary tasks."""
+        stretch = task.stretch
+        assert stretch is not None
+        per_task = seconds / stretch.tasks
+        self.max_fused = stretch_budget(per_task, len(stretch.idxs), self.config)
+        if len(stretch.instances) == 1:
+            sid = stretch.instances[0][0].id
+            if per_task >= self.config.lone_task_s and sid in self._timed_stages:
+                self.lone_stages.add(sid)
+            self._timed_stages.add(sid)
+
+
+def stretch_budget(per_task_s: float, rows: int, config: WorkerConfig) -> int:
+    """The ``max_fused`` (tasks per stretch) for stretches over ``rows`` partitions whose tasks
+    take ``per_task_s`` seconds: about ``fuse_target_s`` seconds or ``fuse_min_instances``
+    instances, whichever is more, but at most ``fuse_max_s`` seconds; always in
+    ``[2, max_fused_cap]``."""
+    per_task_s = max(per_task_s, 1e-8)
+    want = max(config.fuse_target_s / per_task_s, config.fuse_min_instances * rows)
+    return int(min(max(min(want, config.fuse_max_s / per_task_s), 2), config.max_fused_cap))

@@ -1,0 +1,198 @@
+"""Data moves: a scatter's pieces out, pieces in (and routed by the map's versions), gathers.
+
+Pieces carry the sender's version of each destination's map entry. A worker that receives a
+piece for a partition applies :func:`canary.partition_map.route_incoming`: it *holds* a piece
+whose sender knows a newer placement than it does, *accepts* it if it owns the partition, and
+*forwards* it otherwise, so nothing is lost or delivered twice while partitions move.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from canary.worker.core import WorkerCore
+from canary.worker.tasks import K_COMPUTE, K_FUSED, K_GATHER, K_SCATTER, Task
+
+from canary.messages import Piece, PieceBatch, TaskDone, worker_rank
+from canary.partition_map import ACCEPT, HOLD, route_incoming
+from canary.program import Stage
+
+
+class DataMoves(WorkerCore):
+    """Scatter, route, deliver and gather (mixed into ``WorkerState``)."""
+
+    def _init_moves(self) -> None:
+        self.gathers: dict[tuple[int, int], Task] = {}  # (seq, dst partition) -> gather task
+        self.early: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # pieces before the gather
+        self.held: list[Piece] = []  # pieces routed by a placement this worker has not seen
+        # Batching small remote pieces (see _scatter): seq -> local scatter tasks not yet run,
+        # and seq -> destination worker -> the pieces kept for it until the last of them ran.
+        self._scatters_left: dict[int, int] = {}
+        self._batches: dict[int, dict[int, list[Piece]]] = {}
+        self._batchable: dict[int, frozenset[int]] = {}  # stage id -> dsts (_batchable_dsts)
+        self._inline: list[Task] = []  # ready small moves, completed by _drain
+        self.inline_run = 0
+
+    # ------------------------------------------------------------------ pieces in
+    def _on_piece(self, ev: Piece, out: list[Any]) -> None:
+        if self.map is None:  # data can overtake the placement (different senders)
+            self.held.append(ev)
+            return
+        if self.log is not None:
+            self.log.append((self._cause, "recv", ev.seq, ev.seq, -1, ev.src, ev.eid))
+        g = self._group[ev.dataset]
+        for j, ver in zip(ev.dsts, ev.versions):
+            action = route_incoming(self.worker, self.map.owner(g, j), self.map.version(g, j), ver)
+            if action == ACCEPT:
+                self._deliver(ev.seq, j, ev.src, ev.array, out)
+            elif action == HOLD:
+                self.held.append(Piece(ev.eid, ev.seq, ev.dataset, ev.src, (j,), (ver,), ev.array))
+            else:
+                self._send_out(worker_rank(self.map.owner(g, j)),
+                               Piece(self._next_eid(), ev.seq, ev.dataset, ev.src, (j,),
+                                     (self.map.version(g, j),), ev.array), out)
+
+    def _on_piece_batch(self, ev: PieceBatch, out: list[Any]) -> None:
+        for piece in ev.pieces:
+            self._on_piece(piece, out)
+
+    def _deliver(self, seq: int, j: int, src: int, array: np.ndarray,
+                 out: list[Any]) -> None:
+        t = self.gathers.get((seq, j))
+        if t is None:
+            self.early.setdefault((seq, j), {})[src] = array
+            return
+        assert t.pieces is not None
+        if src in t.pieces:
+            raise AssertionError(f"piece from partition {src} delivered twice to {t!r}")
+        t.pieces[src] = array
+        t.waiting -= 1
+        if t.waiting == 0:
+            self._ready(t, out)
+
+    # ------------------------------------------------------------------ pieces out
+    def _scatter(self, task: Task, res: Any, out: list[Any]) -> None:
+        st = task.stage
+        assert st.dst is not None and self.map is not None
+        g = self._group[st.dst.id]
+        owners = self.map.owners[g]
+        versions = self.map.versions[g]
+        targets = st.targets[task.part]
+        # Remote pieces leave before local ones are delivered: another worker waits on them,
+        # while delivering a local one only makes a gather runnable here.
+        local: list[tuple[int, np.ndarray]] = []
+        remote: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (worker, dsts, piece)
+        if st.one_piece:
+            by_worker: dict[int, list[int]] = {}
+            for j in targets:
+                by_worker.setdefault(owners[j], []).append(j)
+            for w, js in by_worker.items():
+                if w == self.worker:
+                    local.extend((j, res) for j in js)
+                else:
+                    remote.append((w, tuple(js), res))
+        else:
+            for j, piece in zip(targets, res):
+                w = owners[j]
+                if w == self.worker:
+                    local.append((j, piece))
+                else:
+                    remote.append((w, (j,), piece))
+        left = self._scatters_left.get(task.seq)
+        batch = None if left is None else self._batches.setdefault(task.seq, {})
+        small = self._urgent_max_bytes
+        for w, dsts, piece in remote:
+            msg = Piece(self._next_eid(), task.seq, st.dst.id, task.part, dsts,
+                        tuple(versions[j] for j in dsts), piece)
+            if (batch is not None and piece.nbytes <= small
+                    and self._batchable_dsts(st).issuperset(dsts)):
+                batch.setdefault(w, []).append(msg)
+            else:
+                self._send_out(worker_rank(w), msg, out)
+        if left is not None:  # this worker holds several of the instance's sources
+            if left > 1:
+                self._scatters_left[task.seq] = left - 1
+            else:  # the instance's last local scatter ran: the pieces kept for it leave now
+                del self._scatters_left[task.seq]
+                for w, kept in self._batches.pop(task.seq).items():
+                    self._send_out(worker_rank(w), kept[0] if len(kept) == 1
+                                   else PieceBatch(self._next_eid(), tuple(kept)), out)
+        for j, piece in local:
+            self._deliver(task.seq, j, task.part, piece, out)
+
+    def _batchable_dsts(self, st: Stage) -> frozenset[int]:
+        """The destination partitions of ``st`` whose gathers need a piece from every source
+        partition this worker holds: their pieces may wait for this worker's last scatter task
+        of the instance and leave with it in one :class:`PieceBatch`, since such a gather cannot
+        run before that last piece arrives anyway (a reduce's gather needs every source): one
+        send and one receive instead of one per source partition."""
+        got = self._batchable.get(st.id)
+        if got is None:
+            mine = set(self.local[self._group[st.reads[0].id]])
+            got = frozenset(j for j, srcs in enumerate(st.sources) if mine <= set(srcs))
+            self._batchable[st.id] = got
+        return got
+
+    # ------------------------------------------------------------------ small moves inline
+    def _is_inline_move(self, t: Task) -> bool:
+        """Whether ``t`` only moves a few bytes with canary's own code: a replace, sum or concat
+        gather, or a scatter of the partition itself (a broadcast's or a reduce's), of at most
+        ``urgent_max_bytes`` in all. Run as a task, such a move costs tens of µs of dispatch and
+        bookkeeping for a µs of copying, several of them on the path of every iteration. A
+        report stays a task: it runs after urgent ones, so a loop's signal, emitted after it,
+        leaves first."""
+        kind = t.kind
+        if kind is K_COMPUTE or kind is K_FUSED:
+            return False
+        st = t.stage
+        if kind is K_GATHER:
+            return (type(st.gather) is str and t.pieces is not None
+                    and sum([a.nbytes for a in t.pieces.values()]) <= self._urgent_max_bytes)
+        if kind is K_SCATTER and st.fn is None and st.one_piece:
+            v = t.reads[0].value
+            return type(v) is np.ndarray and v.nbytes <= self._urgent_max_bytes
+        return False
+
+    def _drain(self, out: list[Any]) -> None:
+        """Complete the small moves :meth:`_ready` set aside, and those they make ready, in
+        order, with the same copies a task would make."""
+        q = self._inline
+        k = 0
+        while k < len(q):
+            t = q[k]
+            k += 1
+            st = t.stage
+            if t.kind is K_GATHER:
+                assert t.pieces is not None
+                res: Any = GATHERS[st.gather]([t.pieces[s] for s in st.sources[t.part]])
+            else:
+                # a copy, as a scatter task's piece: a local gather may get it, and a later
+                # in-place kernel must not change it there
+                res = np.array(t.reads[0].value, copy=True)
+            self.inline_run += 1
+            if self.log is not None:
+                self.log.append((self._cause, "inline", t.seq, t.seq, t.tid, t.part, 0))
+            self._on_task_done(TaskDone(0, t, res), out)  # logged as inline, above
+        q.clear()
+
+
+def gather_sum(pieces: list[np.ndarray]) -> np.ndarray:
+    """Element-wise sum in the order given (source-partition order: deterministic)."""
+    acc = np.array(pieces[0], dtype=np.result_type(pieces[0]), copy=True)
+    for p in pieces[1:]:
+        acc += p
+    return acc
+
+
+def gather_replace(pieces: list[np.ndarray]) -> np.ndarray:
+    """The single piece, copied (it may be shared with the sender's partition)."""
+    return np.array(pieces[0], copy=True)
+
+
+def gather_concat(pieces: list[np.ndarray]) -> np.ndarray:
+    """Pieces stacked along axis 0 in source order."""
+    return np.concatenate(pieces, axis=0)
+
+
+GATHERS: dict[Any, Any] = {"sum": gather_sum, "replace": gather_replace, "concat": gather_concat}
