@@ -17,9 +17,9 @@ inertia or rank sum, and iterations): a change meant only to be faster should ke
 Every line is JSON; the last is the summary: each side's median, the median of the paired
 differences B - A (one per round), and how many rounds B was faster.
 
-    python benchmarks/ab.py 0f7e731                       # LR 400K x 20, 10 rounds, ~1.5 min
-    python benchmarks/ab.py 0f7e731 --size 20000,20 --iters 100
-    python benchmarks/ab.py 0f7e731 --app pagerank --size 131072,1310720 --rounds 6
+    python benchmarks/ab.py HEAD~1                        # LR 400K x 20, 10 rounds, ~1.5 min
+    python benchmarks/ab.py HEAD~1 --size 20000,20 --iters 100
+    python benchmarks/ab.py HEAD~1 --app pagerank --size 131072,1310720 --rounds 6
     python benchmarks/ab.py PATH/TO/OTHER/CHECKOUT --quick   # tiny (tests)
     python benchmarks/ab.py HEAD HEAD --env-a CANARY_TRACE_LEVEL=full   # one checkout, two settings
     python benchmarks/ab.py . . --args-a="--partitions 8" --args-b="--partitions 2"

@@ -45,7 +45,7 @@ them all), gives the median of the rounds' own ratios beside it (``canary_vs_num
 each round's bound and canary run back to back, under the same load) and reports the largest
 peak memory. Each peer's seconds over canary's is ``speedup_vs_<peer>`` in the
 app's row. Every canary run and bound is measured before the first peer starts: pyspark's
-JVM outlives its SparkContext, and measurements taken beside it were up to 2x slower.
+JVM outlives its SparkContext and slows whatever is measured beside it.
 
 Every line printed is JSON; the last is the summary with the ratios.
 
@@ -101,8 +101,8 @@ QUICK_SIZES: dict[str, list[tuple[int, ...]]] = {
 
 # ------------------------------------------------------------------ numba bounds
 # lr_gradient and km_step are NOT cached on disk: numba keys a cache entry on its own file
-# only, so a cached bound would keep running the app's kernel as it was when first compiled
-# (it did: an LR bound 2.7x slower than the kernel it claimed to run).
+# only, so a cached bound would keep running the app's kernel as it was when first compiled,
+# however the app's kernel changed since.
 @numba.njit(parallel=True)
 def lr_gradient(X: np.ndarray, y: np.ndarray, w: np.ndarray, chunks: int) -> np.ndarray:
     """The app's own gradient kernel over ``chunks`` row blocks in parallel, summed:
@@ -337,10 +337,9 @@ def peer_dask_lr(n: int, d: int, threads: int, iters: int, distributed: bool) ->
 def peer_spark_lr(n: int, d: int, threads: int, iters: int, functional: bool) -> dict[str, Any]:
     """PySpark ``local[threads]`` logistic regression over ``lr_data(n, d)``'s rows ``[x | y]``
     sent from the driver: ``mapPartitions`` over numpy blocks, or (with ``functional``) per-row
-    ``map`` / ``reduce``. (Blocks made inside the Spark tasks saved ~10 s of set-up at 4M; not
-    kept, since the iterations over them were slower in the one run each that I took, 2.7
-    against 2.2 s at 4M and 3.2 against 2.3 s for the functional peer at 400K, and the row
-    compares iterations, not set-up.)"""
+    ``map`` / ``reduce``. The driver sends the blocks: Spark tasks making their own would save
+    set-up, but the row compares iterations, and iterations over such blocks ran slower, which
+    would flatter canary."""
     name = "pyspark_functional" if functional else "pyspark_mappartitions"
     try:
         import pyspark  # noqa: F401
@@ -621,10 +620,10 @@ def main(argv: list[str] | None = None) -> int:
         # The runtime's own footprint per worker: the same app at a tiny size, the median of three
         # runs. On a cold numba cache the first one compiles, and compiling takes memory the
         # timed run, which finds the cache warm, does not (that would shrink the ratios); warm
-        # runs still differ by ~3 MB, a third of PageRank 2^17's held bytes, so not the smallest.
-        # As many iterations as the timed runs: both are traced (the iteration times come from
-        # the trace), and a worker's trace grows with its events (fully traced, ~0.3-0.7 MB
-        # over 20 tiny PageRank iterations; loop-level, one event an iteration).
+        # runs still differ by a few MB, a large share of what a small PageRank worker holds, so
+        # the median and not the smallest. As many iterations as the timed runs: both are traced
+        # (the iteration times come from the trace), and a worker's trace grows with its events
+        # (fully traced, one per task and message; loop-level, one an iteration).
         bases = [run_canary(app, _data(app, QUICK_SIZES[app][0], tmpdir.name), W, iters,
                             _extra(app), args.timeout, None) for _ in range(3)]
         base = statistics.median(b["peak_rss_mb"] for b in bases)
@@ -715,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"apps: {app} {gen}: canary {row['canary_s']} s, bound {row['numba_s']} s",
                   file=sys.stderr, flush=True)
     # The peers run after every canary run and bound: pyspark's JVM outlives its context and
-    # slowed the canary runs and bounds measured after it (PageRank 2^17: 6.4 instead of 3.4 ms).
+    # slows the canary runs and bounds measured beside it.
     for row, runs in pending:
         for peer, run in runs:
             t0 = time.perf_counter()

@@ -1,8 +1,7 @@
 """The benchmarks' generated data, made once per process and shared read-only.
 
 ``benchmarks/apps.py`` times the numba bound and up to five peers on the same data; generating
-4M x 20 logistic rows takes ~4 s and an R-MAT graph of 10M edges ~2 s (~4.4 s as in-edge CSR),
-which each of them paid again (~25 s of a default run). The arrays come back read-only, so
+the largest data sets takes seconds each, which every one of them would pay again. The arrays come back read-only, so
 that one peer cannot change the data the next one times (numpy raises ``ValueError`` on a
 write); a caller that needs to write copies. One entry of each is kept (4M x 20 is 640 MB): the
 bounds go through the sizes in order, then the peers again, so a size is made at most twice.

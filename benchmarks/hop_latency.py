@@ -7,12 +7,12 @@ it leaves the CPU to rank 0) and sends a timestamped message; rank 0 waits for i
 worker does (``MpiTransport.poll``, then ``Backoff.sleep``) and records how long after the send
 it saw the message, and its own CPU time over the run. Variants:
 
-* ``sleep_only``: the worker's back-off before this benchmark (200 quick polls, then sleeps
-  of 20 µs doubling to 250 µs) with Linux's default 50 µs timer slack;
+* ``sleep_only``: the worker's sleeping back-off (200 quick polls, then sleeps of 20 µs
+  doubling to 250 µs) with Linux's default 50 µs timer slack;
 * ``tight_slack``: the same with 1 µs timer slack (``canary.idle.tight_timer_slack``);
-* ``spin_1ms``: also polling hot for 1 ms after each message (``spin_s``): what a worker did
-  when every worker has a core (``canary.idle.workers_fit_cores``) until the default became
-  50 ms (``worker.runtime.SPIN_S``);
+* ``spin_1ms``: also polling hot for 1 ms after each message (``spin_s``; a worker polls hot
+  for ``worker.runtime.SPIN_S``, 50 ms, where every worker has a core:
+  ``canary.idle.workers_fit_cores``);
 * ``spin_always``: polling hot all the time, the floor (a core at 100%).
 
 It also times what encoding costs at the two ends of a hop: pickling and unpickling a piece or

@@ -163,7 +163,7 @@ def plot_hop_latency(rows: list[dict[str, Any]], out: str) -> str:
             a3.bar([i + (k - (len(variants) - 1) / 2) * width for i in range(len(apps))],
                    [per.get(v, 0) for per in apps.values()], width, label=v)
         a3.set_xticks(list(range(len(apps))), list(apps), rotation=10, fontsize=8)
-        a3.set(ylabel="ms per iteration (median)", title="Small app runs, 2 workers")
+        a3.set(ylabel="ms per iteration (median)", title="App runs, 2 workers")
         a3.grid(True, axis="y", alpha=0.3)
         a3.legend(fontsize=8)
     a1.bar([x - 0.2 for x in xs], [r["latency_median_us"] for r in rs], 0.4, label="median")

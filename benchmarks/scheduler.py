@@ -17,12 +17,15 @@ Runs:
 * peers, when installed (``pip install -e .[compare]``): Spark ``local[2]`` (JVM tasks and
   PySpark tasks) and Dask distributed with 2 workers, each timing empty tasks.
 
-Every line printed is JSON. The last is the summary: ``sched_overhead_ns`` (median scheduling
-cost per task over the sweep on the widest MPI run), ``tasks_per_s_per_core`` (empty tasks,
-1e9 / overhead), the shortest task at which scheduling is at most 10% of the CPU, and the
-ratios to the peers.
+Every line printed is JSON. The last is the summary: ``sched_overhead_ns`` (the median
+scheduling cost per task over the points of at most 10 µs on the widest MPI run),
+``tasks_per_s_per_core`` (1e9 / that), ``shortest_task_us_at_10pct`` (the shortest task length
+of the sweep at which scheduling is at most 10% of the CPU) and ``task_us_at_10pct_from_median``
+(the length at which the median cost would be 10%), ``inproc_sched_overhead_ns`` (the median
+per in-process variant), ``tasks_per_s_by_workers`` (the best rate of each MPI run), whether every
+job's answer was right (``all_correct``) and ``rate_vs_<peer>`` for each peer that ran.
 
-    python benchmarks/scheduler.py            # default sweep, about a minute plus peers
+    python benchmarks/scheduler.py            # default sweep and peers, ~4.5 min
     python benchmarks/scheduler.py --quick    # tiny sizes (tests)
     python benchmarks/scheduler.py --trace t.json --quick   # Chrome trace of the MPI runs
 """
@@ -293,7 +296,6 @@ def peer_spark(tasks: int, cores: int) -> list[dict[str, Any]]:
     out = []
     try:
         # JVM tasks: a count over an empty-per-partition RDD never runs Python in the tasks.
-        jrdd = sc._jsc.sc().parallelize  # noqa: F841 - keep the API surface explicit
         sc.range(0, cores, numSlices=cores).count()  # warm-up
         for label, fn in (("spark_jvm", lambda n: sc._jsc.parallelize(list(range(n)), n).count()),
                           ("pyspark", lambda n: sc.parallelize(range(n), n).map(lambda x: x).count())):

@@ -11,12 +11,18 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from canary.sched.placement import PLACEMENT_POLICIES, make_placement
-from canary.sim.cluster import poisson_jobs, simulate_cluster
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # this checkout's canary, as the other benchmarks use
+    sys.path.insert(0, str(ROOT))
+
+from canary.sched.placement import PLACEMENT_POLICIES, make_placement  # noqa: E402
+from canary.sim.cluster import poisson_jobs, simulate_cluster  # noqa: E402
 
 
 def main() -> None:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import benchmarks.plot as plot
 from benchmarks.plot import main
 
 
@@ -13,7 +17,28 @@ def write(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def test_plots_every_benchmark_kind(tmp_path: Path) -> None:
+def drawn(fig: Any) -> list[dict[str, list[float]]]:
+    """Per axes of ``fig``: each labelled line's y values and each labelled bar series' heights."""
+    out = []
+    for ax in fig.axes:
+        series: dict[str, list[float]] = {}
+        for line in ax.get_lines():
+            series[str(line.get_label())] = [float(v) for v in line.get_ydata()]
+        for bars in ax.containers:
+            series[str(bars.get_label())] = [float(b.get_height()) for b in bars]
+        out.append(series)
+    return out
+
+
+def test_plots_every_benchmark_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    charts: dict[str, list[dict[str, list[float]]]] = {}
+    save = plot._save
+
+    def record(fig: Any, out: str, name: str) -> str:
+        charts[name] = drawn(fig)
+        return save(fig, out, name)
+
+    monkeypatch.setattr(plot, "_save", record)
     sched = write(tmp_path / "s.jsonl", [
         {"machine": {}},
         {"mode": "inproc", "length_us": 0.0, "sched_overhead_ns": 4000.0, "tasks_per_s_per_core": 2e5},
@@ -45,6 +70,24 @@ def test_plots_every_benchmark_kind(tmp_path: Path) -> None:
                  "lr_floor.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    # Each chart draws the rows' figures, not just axes: per-task cost in µs by series,
+    # the empty kernel's task rate, bars in ms per system, latencies and CPU share per variant.
+    rate, cost = charts["scheduler.png"]
+    assert cost["MPI, 2 worker(s)"] == [5.0, 5.5] and cost["in-process, tasks"] == [4.0]
+    assert rate["MPI, 2 worker(s)"] == [3e5, 1e5] and [600.0, 600.0] in rate.values()
+    (bars,) = charts["apps.png"]
+    assert bars["canary"] == pytest.approx([10.0]) and bars["numba bound"] == pytest.approx([6.0])
+    assert bars["dask_threaded"] == pytest.approx([200.0])
+    iteration, tasks = charts["micropartition.png"]
+    assert iteration["random"] == [30.0, 24.0] and tasks["random"] == [1e3, 4e3]
+    latency, cpu, app_runs = charts["hop_latency.png"]
+    assert latency["median"] == [500.0, 40.0] and latency["p90"] == [1000.0, 80.0]
+    assert list(cpu.values()) == [[25.0, 100.0]]
+    assert app_runs["spin_off"] == [2.0] and app_runs["spin_1ms"] == [1.5]
+    (rounds,) = charts["lr_floor.png"]
+    assert rounds["canary"] == pytest.approx([5.5, 5.5])
+    assert rounds["hand-written MPI"] == pytest.approx([4.0, 4.0])
+    assert rounds["numba bound (threads)"] == pytest.approx([4.5, 4.5])
 
 
 def test_rejects_missing_or_foreign_files(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

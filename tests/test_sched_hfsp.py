@@ -23,9 +23,9 @@ def test_srpt_remaining_shrinks_with_attained_service() -> None:
     s.add_job(2, 1, 0.0, estimate=5.0)
     assert s.dispatch(0.0) == 2
     assert s.dispatch(0.0) == 1
-    s.task_finished(1, 2.0, 2.0)  # remaining estimate of job 1: 4 < 5? job 2 has none pending
+    s.task_finished(1, 2.0, 2.0)  # job 1 has attained 2 of its estimated 6
     s.add_job(3, 1, 2.0, estimate=4.5)
-    assert s.dispatch(2.0) == 1  # 4.0 < 4.5
+    assert s.dispatch(2.0) == 1  # its remaining 4 beats the newcomer's 4.5 (job 2 has no task left)
 
 
 def test_ps_balances_running_tasks() -> None:

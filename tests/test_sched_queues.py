@@ -2,6 +2,7 @@
 
 import pytest
 
+from canary.sched.hfsp import HfspJobs, HfspQueue, SrptJobs
 from canary.sched.queues import FifoQueue, Item, PriorityQueue, WeightedFairQueue, make_queue
 
 
@@ -77,8 +78,13 @@ def test_wfq_rejects_bad_weights_and_cost() -> None:
         WeightedFairQueue().push(Item(job=0, cost=-1.0), 0.0)
 
 
-def test_make_queue() -> None:
+def test_make_queue_builds_each_policy_with_its_options() -> None:
     assert isinstance(make_queue("fifo"), FifoQueue)
-    assert len(make_queue("hfsp")) == 0
+    assert isinstance(make_queue("priority"), PriorityQueue)
+    fair = make_queue("fair", weights={0: 2.0, 1: 1.0})
+    assert isinstance(fair, WeightedFairQueue) and fair.weights == {0: 2.0, 1: 1.0}
+    hfsp = make_queue("hfsp", policy="srpt")
+    assert isinstance(hfsp, HfspQueue) and isinstance(hfsp.jobs, SrptJobs) and len(hfsp) == 0
+    assert isinstance(make_queue("hfsp").jobs, HfspJobs)  # HFSP by default
     with pytest.raises(ValueError, match="unknown queue policy"):
         make_queue("lifo")

@@ -1,6 +1,9 @@
-"""Scheduling policies for sharing the cluster among jobs (DESIGN.md section 7).
+"""Scheduling policies for sharing a cluster among jobs.
 
-Pure, seeded decision objects shared by the runtime and the simulator:
+Pure, seeded decision objects: no I/O, no global state, randomness only from the
+``numpy.random.Generator`` a caller passes in. Today they run only in the simulator
+(:mod:`canary.sim`); the worker and controller runtimes run one job at a time and use none
+of them yet. See docs/scheduling.md.
 
 * :mod:`canary.sched.placement` -- where a job's tasks go (Sparrow: random,
   per-task sampling, batch sampling, batch sampling with late binding,

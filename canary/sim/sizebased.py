@@ -70,7 +70,9 @@ def simulate_size_based(
 ) -> np.ndarray:
     """Return each job's sojourn time (finish - arrival) under ``policy``.
 
-    Deterministic (no randomness).  Raises ValueError for ``slots < 1``,
+    Deterministic (no randomness).  Every arrival and task end at one instant is applied
+    before any free slot is given out, so the policy chooses among all jobs present at that
+    moment.  Raises ValueError for ``slots < 1``,
     ``task_size <= 0``, estimates of the wrong shape or negative, or an
     unknown policy.
     """
@@ -92,18 +94,22 @@ def simulate_size_based(
     heapq.heapify(heap)
     free = slots
     while heap:
-        now, _, j, item = heapq.heappop(heap)
-        if item is None:  # arrival: all tasks become runnable at once
-            k = int(ntasks[j])
-            est = float(estimates[j])
-            for _ in range(k):
-                queue.push(Item(j, 0, 0, 1.0, k, est, None), now)
-        else:  # a task finished
-            free += 1
-            queue.task_finished(item, now, float(tdur[j]))
-            left[j] -= 1
-            if left[j] == 0:
-                finish[j] = now
+        now = heap[0][0]
+        # Every arrival and task end at this instant first, then the free slots: a slot handed
+        # out between two simultaneous events would not see a job that arrives at that moment.
+        while heap and heap[0][0] == now:
+            _, _, j, item = heapq.heappop(heap)
+            if item is None:  # arrival: all tasks become runnable at once
+                k = int(ntasks[j])
+                est = float(estimates[j])
+                for _ in range(k):
+                    queue.push(Item(j, 0, 0, 1.0, k, est, None), now)
+            else:  # a task finished
+                free += 1
+                queue.task_finished(item, now, float(tdur[j]))
+                left[j] -= 1
+                if left[j] == 0:
+                    finish[j] = now
         while free and len(queue):
             nxt = queue.pop(now)
             assert nxt is not None
