@@ -132,6 +132,9 @@ def test_random_program_matches_sequential_execution(prog_seed: int) -> None:
     runs = [(1, 1, 0)] + [(rng.randint(1, 4), rng.choice([1, 2, 4, 64]),
                            rng.choice([0, 2, 5, 1024])) for _ in range(5)]
     for run, (workers, window, fused) in enumerate(runs):
+        # odd runs: each worker picks its next ready task in a seeded random order, not by the
+        # engine's policy, so that orders the policy would not choose are covered too
         got = canary.run_local(random_program(prog_seed), workers=workers, seed=run,
-                               window=window, validate=True, max_fused=fused)
+                               window=window, validate=True, max_fused=fused,
+                               shuffle_ready=run % 2 == 1)
         assert outcome(got.results) == reference, (prog_seed, workers, window, fused, run)
