@@ -127,7 +127,8 @@ def nearest_center(X: np.ndarray, i: int, centers: np.ndarray) -> tuple[int, flo
     """(index, squared distance) of the centre nearest to row ``i``; ties go to the lower index.
 
     Written as a plain running minimum from centre 0 so that LLVM turns it into selects: the
-    branchy form (``best < 0 or s < bd``) mispredicted on random data and cost 2-3x.
+    branchy form (``best < 0 or s < bd``) mispredicted on random data and ran several times
+    slower.
     """
     best = 0
     bd = sqdist(X, i, centers, 0)

@@ -55,12 +55,11 @@ _LOSS_BLOCK = 512  # rows whose (1 + e^-|z|) factors multiply without overflow: 
 
 
 # One partition per worker by default. Every partition costs each iteration a broadcast gather,
-# a gradient task and a reduce piece, tens of µs of Python each on a cache the kernel has just
-# flushed: LR 400K x 20 took 5.72 ms an iteration with four per worker and 5.38 ms with one
-# (16 interleaved rounds; one was faster in 21 of 32 rounds over three batches; see
-# docs/performance.md §2l). More partitions per worker pay only where tasks vary in cost
-# (benchmarks/micropartition.py), which dense rows do not, and nothing moves partitions between
-# workers yet; --partitions chooses more.
+# a gradient task and a reduce piece, each some Python on a cache the kernel has just flushed,
+# and one per worker measured faster than four (docs/performance.md has the figures). More
+# partitions per worker pay only where tasks vary in cost (benchmarks/micropartition.py), which
+# dense rows do not, and nothing moves partitions between workers yet; --partitions chooses
+# more.
 PARTITIONS_PER_WORKER = 1
 
 PROG = "logistic_regression.py"  # how the app names itself in usage and error lines
@@ -84,11 +83,10 @@ def gradient_kernel(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
     The log-loss of a row is max(z, 0) - y z + log(1 + e^-|z|). Its log term is summed as the
     log of the product of each block of ``_LOSS_BLOCK`` factors (each in (1, 2], so no overflow
-    or underflow): one ``log`` per block instead of a ``log1p`` per row, which was half of
-    the kernel's time; the relative error stays ~1e-14. Rows go four at a time: four
-    independent dot products and one read-modify-write of the gradient per four rows (a row
-    at a time, the short length-d loops' latency, not memory, bounded the kernel: 22 -> 15 ns
-    a row on this VM, whose two cores stream ~30 GB/s).
+    or underflow): one ``log`` per block instead of a ``log1p`` per row, which dominated the
+    kernel's time, at a relative error near 1e-14. Rows go four at a time: four independent
+    dot products and one read-modify-write of the gradient per four rows (a row at a time,
+    the latency of the short length-d loops, not memory bandwidth, bounded the kernel).
     """
     n, d = X.shape
     out = np.zeros(d + 3)
