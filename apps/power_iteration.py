@@ -52,7 +52,7 @@ def normalise(s: np.ndarray, state: np.ndarray) -> np.ndarray:
     return state
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="power_iteration.py", description=__doc__)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--tol", type=float, default=1e-10)
@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.partitions < 1 or args.tol < 0:
         ap.error(f"--partitions must be >= 1 and --tol >= 0, got {args.partitions} and {args.tol}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     d = 30
 
     p = canary.Program("power_iteration")
