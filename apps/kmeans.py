@@ -471,9 +471,10 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         k = args.blob_k if args.input is None else 8
     if k > n:
         raise InputFormatError(f"{where}: k={k} is larger than the number of points ({n})")
-    P = args.partitions or 4 * max(n_workers, 1)
+    # the default never asks for more partitions than there are points; a given count may not
+    P = args.partitions or min(4 * max(n_workers, 1), n)
     if P > n:
-        raise SystemExit(f"kmeans: --partitions {P} exceeds the {n} data points")
+        raise canary.DeclarationError(f"--partitions {P} exceeds the {n} data points of {where}")
     ranges = partition_rows(n, P)
 
     def load(i: int, parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -270,9 +270,11 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         n, d = count_rows(args.input, args.features)
     else:
         n, d = args.n, args.d
-    P = args.partitions or PARTITIONS_PER_WORKER * max(n_workers, 1)
+    # the default never asks for more partitions than there are rows; a given count may not
+    P = args.partitions or min(PARTITIONS_PER_WORKER * max(n_workers, 1), n)
     if P > n:
-        raise SystemExit(f"logistic_regression: --partitions {P} exceeds the {n} data rows")
+        where = args.input or f"--generate {args.generate}"
+        raise canary.DeclarationError(f"--partitions {P} exceeds the {n} data rows of {where}")
     ranges = partition_rows(n, P)
 
     def load(i: int, parts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -371,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         "iterations": int(r[0]), "objective": float(r[1]), "gradient_norm": float(r[2]),
         "converged": bool(r[2] < args.tol), "accuracy": correct / rows,
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
-        "controller_cpu_percent": round(100 * result.controller_cpu_seconds / max(result.seconds, 1e-9), 3),
+        "controller_cpu_percent": round(
+            100 * result.controller_cpu_seconds / max(result.seconds, 1e-9), 3),
         "controller_messages": result.scheduling_messages,
     }
     print(f"final objective {summary['objective']:.12g}  training accuracy "

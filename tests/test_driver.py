@@ -98,13 +98,16 @@ def test_output_problem_says_why_without_creating_anything(tmp_path: Path,
     assert output_problem(str(tmp_path / "file")) is None  # overwriting is fine
     nope = tmp_path / "nope"
     assert output_problem(str(nope / "m.npz")) == f"directory {nope} does not exist"
-    assert output_problem(str(tmp_path / "file" / "m.npz")) == f"{tmp_path / 'file'} is not a directory"
+    under_file = str(tmp_path / "file" / "m.npz")
+    assert output_problem(under_file) == f"{tmp_path / 'file'} is not a directory"
     assert output_problem(str(tmp_path / "folder")) == "is a directory (expected a file name)"
     monkeypatch.chdir(tmp_path)
     assert output_problem("m.npz") is None
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == "." else real_access(p, mode))
-    assert output_problem("m.npz") == f"directory {tmp_path} (the current directory) is not writable"
+    monkeypatch.setattr(os, "access",
+                        lambda p, mode: False if str(p) == "." else real_access(p, mode))
+    assert output_problem("m.npz") == (
+        f"directory {tmp_path} (the current directory) is not writable")
     monkeypatch.setattr(os, "access", lambda p, mode: not str(p).endswith("file"))
     assert output_problem(str(tmp_path / "file")) == "the file exists and is not writable"
     assert sorted(os.listdir(tmp_path)) == before and (tmp_path / "file").read_text() == "x"
@@ -149,13 +152,14 @@ def test_check_outputs_fails_every_rank_and_rank_zero_says_why_in_one_line(
     assert not (tmp_path / "nope").exists() and not (tmp_path / "m.npz").exists()
 
 
-def test_write_outputs_reports_a_failed_write_and_goes_on(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_write_outputs_reports_a_failed_write_and_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "a.txt"
     gone = tmp_path / "gone" / "b.txt"
     status = write_outputs("app.py", {"--metrics": (str(gone), lambda p: open(p, "w").close()),
                                       "--output": (str(good), lambda p: good.write_text("ok"))})
     assert status == 1 and good.read_text() == "ok"
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"app.py: error: --metrics {gone}: could not write it (No such file or directory)"]
+    assert err == [f"app.py: error: --metrics {gone}: could not write it "
+                   "(No such file or directory)"]
     assert write_outputs("app.py", {"--output": (str(good), lambda p: None)}) == 0

@@ -208,3 +208,15 @@ def test_nearest_center_breaks_ties_to_the_lower_index_and_keeps_nan() -> None:
         assert km.nearest_center(X, i, centers) == (j, dist)
     j, dist = km.nearest_center(X, 3, centers)
     assert j == 0 and np.isnan(dist)  # a NaN row is visible in the inertia, not silently 0
+
+
+def test_default_partitions_fit_a_tiny_input_and_a_given_count_is_checked(tmp_path: Path) -> None:
+    np.save(tmp_path / "three.npy", np.array([[0.0, 0.0], [1.0, 0.0], [5.0, 5.0]]))
+    args = km.parse_args(["--input", str(tmp_path / "three.npy"), "--k", "2"])
+    prog, shape = km.build(args, 2)  # 4 per worker would be 8 partitions of 3 points
+    assert shape["partitions"] == 3
+    assert canary.run_local(prog, workers=2).value("result")[1] == pytest.approx(0.5)
+    args = km.parse_args(["--input", str(tmp_path / "three.npy"), "--k", "2", "--partitions", "4"])
+    with pytest.raises(canary.DeclarationError,
+                       match=r"^--partitions 4 exceeds the 3 data points of .*three\.npy$"):
+        km.build(args, 2)

@@ -110,8 +110,12 @@ def test_bad_arguments_are_refused() -> None:
         with pytest.raises(SystemExit):
             lr.parse_args(argv)
     args = lr.parse_args(["--generate", "10,3", "--partitions", "11"])
-    with pytest.raises(SystemExit, match="exceeds the 10 data rows"):
+    with pytest.raises(canary.DeclarationError,
+                       match=r"^--partitions 11 exceeds the 10 data rows of --generate 10,3$"):
         lr.build(args, 2)
+    # the default asks for no more partitions than there are rows: 3 rows, 4 workers
+    _, shape = lr.build(lr.parse_args(["--generate", "3,2"]), 4)
+    assert shape["partitions"] == 3
 
 
 def test_zero_iterations_return_the_start_with_its_true_objective_and_gradient(
