@@ -412,7 +412,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "variance (scikit-learn's tol); 0: only when no label changes")
     ap.add_argument("--max-iter", type=int, default=300)
     ap.add_argument("--partitions", type=int, default=None,
-                    help="data partitions (default: 4 per worker)")
+                    help="data partitions (default: 4 per worker, at most one per point)")
     ap.add_argument("--seed", type=int, default=0, help="data generation and k-means++ seed")
     ap.add_argument("--output", help="write centers (k, d), labels (n,), inertia to this .npz")
     add_output_args(ap)
