@@ -28,7 +28,6 @@ Run: ``canary run -n 2 apps/kmeans.py`` (default: generated blobs 20000,10,8).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -37,14 +36,24 @@ import numba
 import numpy as np
 
 import canary
-from canary.driver import Progress, add_output_args, declare
+from canary.driver import (
+    Progress,
+    add_output_args,
+    check_outputs,
+    declare,
+    json_line,
+    npz_path,
+    write_outputs,
+)
 from canary.generate import blobs
-from canary.io import InputFormatError, count_rows, partition_rows, read_rows
+from canary.io import InputFormatError, count_rows, map_npy, partition_rows, read_rows
 
 # Layout of the one-partition "state" dataset.
 S_ITER, S_CHANGED, S_SHIFT, S_INERTIA, S_TOL, S_TOLREL, S_EMPTY, S_LEN = range(8)
 # Layout of the k-means++ state: step, chosen partition, offset in it, mode, then k uniforms.
 K_STEP, K_PART, K_OFF, K_MODE, K_HEAD = range(5)
+
+PROG = "kmeans.py"  # how the app names itself in usage and error lines
 
 
 # ----------------------------------------------------------------------- kernels
@@ -118,7 +127,8 @@ def nearest_center(X: np.ndarray, i: int, centers: np.ndarray) -> tuple[int, flo
     """(index, squared distance) of the centre nearest to row ``i``; ties go to the lower index.
 
     Written as a plain running minimum from centre 0 so that LLVM turns it into selects: the
-    branchy form (``best < 0 or s < bd``) mispredicted on random data and cost 2-3x.
+    branchy form (``best < 0 or s < bd``) mispredicted on random data and ran several times
+    slower.
     """
     best = 0
     bd = sqdist(X, i, centers, 0)
@@ -386,7 +396,7 @@ def kpp_mind_kernel(X: np.ndarray, mind: np.ndarray, c: np.ndarray) -> np.ndarra
 # ------------------------------------------------------------------- driver
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="kmeans.py", description="k-means (Lloyd's algorithm, as scikit-learn) on canary."
+        prog=PROG, description="k-means (Lloyd's algorithm, as scikit-learn) on canary."
     )
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--input", help=".npy (n, d), .npz with X, .h5 with dataset X, or svmlight")
@@ -402,7 +412,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "variance (scikit-learn's tol); 0: only when no label changes")
     ap.add_argument("--max-iter", type=int, default=300)
     ap.add_argument("--partitions", type=int, default=None,
-                    help="data partitions (default: 4 per worker)")
+                    help="data partitions (default: 4 per worker, at most one per point)")
     ap.add_argument("--seed", type=int, default=0, help="data generation and k-means++ seed")
     ap.add_argument("--output", help="write centers (k, d), labels (n,), inertia to this .npz")
     add_output_args(ap)
@@ -429,16 +439,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _load_init(path: str, k: int | None, d: int) -> np.ndarray:
-    try:
-        c = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputFormatError(f"{path}: not a readable .npy array of initial centres ({exc})") from None
+    """The initial centres in ``path``, a (k, d) numeric .npy array, as float64.
+
+    Raises FileNotFoundError, or InputFormatError naming the file when it is not a numeric
+    .npy array or the centres have the wrong shape, dtype, or a NaN or inf."""
+    c = map_npy(path)
     if c.ndim != 2 or c.shape[1] != d or (k is not None and c.shape[0] != k) or c.shape[0] < 1:
         want = f"({k if k is not None else 'k'}, {d})"
         raise InputFormatError(f"{path}: initial centres have shape {c.shape}, expected {want}")
     if c.dtype.kind not in "iuf":
         raise InputFormatError(f"{path}: initial centres have dtype {c.dtype}, expected numbers")
-    c = np.ascontiguousarray(c, dtype=np.float64)
+    c = np.array(c, dtype=np.float64, order="C", copy=True)  # owned, not a view of the map
     bad = ~np.isfinite(c)
     if bad.any():
         raise InputFormatError(f"{path}: row {int(np.argmax(bad.any(axis=1)))} (0-based) of the "
@@ -460,9 +471,10 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         k = args.blob_k if args.input is None else 8
     if k > n:
         raise InputFormatError(f"{where}: k={k} is larger than the number of points ({n})")
-    P = args.partitions or 4 * max(n_workers, 1)
+    # the default never asks for more partitions than there are points; a given count may not
+    P = args.partitions or min(4 * max(n_workers, 1), n)
     if P > n:
-        raise SystemExit(f"kmeans: --partitions {P} exceeds the {n} data points")
+        raise canary.DeclarationError(f"--partitions {P} exceeds the {n} data points of {where}")
     ranges = partition_rows(n, P)
 
     def load(i: int, parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -544,8 +556,11 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     is_root = comm.Get_rank() == 0
+    output = npz_path(args.output) if args.output else None
+    if not check_outputs(PROG, {"--output": output, "--metrics": args.metrics,
+                                "--trace": args.trace}, comm):
+        return 2
     t0 = time.perf_counter()
-    progress = Progress(args.metrics, args.print_every, is_root)
 
     def on_progress(ev: canary.ReportEvent) -> None:
         s = ev.value
@@ -559,19 +574,21 @@ def main(argv: list[str] | None = None) -> int:
                         f"tasks {ev.tasks}  {ev.seconds:.3f}s")
 
     args.on_progress = on_progress
-    prog_shape = declare("kmeans", build, args, comm.Get_size() - 1, is_root=is_root)
+    prog_shape = declare(PROG, build, args, comm.Get_size() - 1, is_root=is_root)
     if prog_shape is None:
         return 2
     prog, shape = prog_shape
+    progress = Progress(args.metrics, args.print_every, is_root)
     result = canary.run(prog, comm, trace=args.trace)
     progress.close()
     if result is None:
         return 0
     r = result.value("result")
     c = result.value("centers")
-    if args.output:
-        np.savez(args.output, centers=c, labels=result.concat("labels"),
-                 inertia=np.float64(r[1]))
+    status = 0
+    if output:
+        status = write_outputs(PROG, {"--output": (output, lambda path: np.savez(
+            path, centers=c, labels=result.concat("labels"), inertia=np.float64(r[1])))})
     summary = {
         "app": "kmeans", "points": shape["n"], "features": shape["d"], "k": shape["k"],
         "partitions": shape["partitions"], "workers": result.workers,
@@ -579,14 +596,14 @@ def main(argv: list[str] | None = None) -> int:
         "converged": bool(r[2] == 0 or r[3] <= r[5]),
         # before any iteration (--max-iter 0) both are unknown: null in the JSON
         "labels_changed": int(r[2]) if np.isfinite(r[2]) else None,
-        "center_shift": float(r[3]) if np.isfinite(r[3]) else None,
+        "center_shift": float(r[3]),
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
         "controller_messages": result.scheduling_messages,
     }
     print(f"final inertia {summary['inertia']:.12g} after {summary['iterations']} iterations",
           flush=True)
-    print(json.dumps(summary), flush=True)
-    return 0
+    print(json_line(summary), flush=True)
+    return status
 
 
 if __name__ == "__main__":

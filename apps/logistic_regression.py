@@ -21,7 +21,6 @@ Run: ``canary run -n 2 apps/logistic_regression.py`` (default: generated 20,000 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -31,8 +30,17 @@ import numba
 import numpy as np
 
 import canary
+from canary.driver import (
+    Progress,
+    add_output_args,
+    check_outputs,
+    declare,
+    json_line,
+    npz_path,
+    write_outputs,
+)
 from canary.generate import logistic_data
-from canary.io import InputFormatError, count_rows, partition_rows, read_rows
+from canary.io import count_rows, partition_rows, read_rows
 
 # Layout of the one-partition "opt" dataset (optimizer state); D = n_features + 1.
 I_ITER, I_T, I_STEP, I_REG, I_TOL, I_OBJ, I_GNORM, I_N, HEAD = 0, 1, 2, 3, 4, 5, 6, 7, 8
@@ -47,13 +55,14 @@ _LOSS_BLOCK = 512  # rows whose (1 + e^-|z|) factors multiply without overflow: 
 
 
 # One partition per worker by default. Every partition costs each iteration a broadcast gather,
-# a gradient task and a reduce piece, tens of µs of Python each on a cache the kernel has just
-# flushed: LR 400K x 20 took 5.72 ms an iteration with four per worker and 5.38 ms with one
-# (16 interleaved rounds; one was faster in 21 of 32 rounds over three batches; see
-# docs/performance.md §2l). More partitions per worker pay only where tasks vary in cost
-# (benchmarks/micropartition.py), which dense rows do not, and nothing moves partitions between
-# workers yet; --partitions chooses more.
+# a gradient task and a reduce piece, each some Python on a cache the kernel has just flushed,
+# and one per worker measured faster than four (docs/performance.md has the figures). More
+# partitions per worker pay only where tasks vary in cost (benchmarks/micropartition.py), which
+# dense rows do not, and nothing moves partitions between workers yet; --partitions chooses
+# more.
 PARTITIONS_PER_WORKER = 1
+
+PROG = "logistic_regression.py"  # how the app names itself in usage and error lines
 
 
 @numba.njit(cache=True, fastmath=_ROW_MATH, inline="always")
@@ -74,11 +83,10 @@ def gradient_kernel(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
     The log-loss of a row is max(z, 0) - y z + log(1 + e^-|z|). Its log term is summed as the
     log of the product of each block of ``_LOSS_BLOCK`` factors (each in (1, 2], so no overflow
-    or underflow): one ``log`` per block instead of a ``log1p`` per row, which was half of
-    the kernel's time; the relative error stays ~1e-14. Rows go four at a time: four
-    independent dot products and one read-modify-write of the gradient per four rows (a row
-    at a time, the short length-d loops' latency, not memory, bounded the kernel: 22 -> 15 ns
-    a row on this VM, whose two cores stream ~30 GB/s).
+    or underflow): one ``log`` per block instead of a ``log1p`` per row, which dominated the
+    kernel's time, at a relative error near 1e-14. Rows go four at a time: four independent
+    dot products and one read-modify-write of the gradient per four rows (a row at a time,
+    the latency of the short length-d loops, not memory bandwidth, bounded the kernel).
     """
     n, d = X.shape
     out = np.zeros(d + 3)
@@ -141,8 +149,9 @@ def init_kernel(sq: np.ndarray, opt: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def update_kernel(g: np.ndarray, w: np.ndarray, opt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One accelerated step from the gradient at ``w``; records objective and gradient norm."""
+def _evaluate(g: np.ndarray, w: np.ndarray, opt: np.ndarray) -> np.ndarray:
+    """Record in ``opt`` the objective and gradient norm at ``w`` from ``g``, the summed
+    gradient kernel at ``w``; returns the gradient (D)."""
     D = w.shape[0]
     d = D - 1
     n = g[D + 1]
@@ -154,6 +163,23 @@ def update_kernel(g: np.ndarray, w: np.ndarray, opt: np.ndarray) -> tuple[np.nda
         pen += w[j] * w[j]
     opt[I_OBJ] = g[D] / n + 0.5 * reg * pen
     opt[I_GNORM] = math.sqrt(np.sum(grad * grad))
+    return grad
+
+
+@numba.njit(cache=True)
+def evaluate_kernel(g: np.ndarray, w: np.ndarray, opt: np.ndarray) -> np.ndarray:
+    """Make ``w`` the returned point without a step: its objective and gradient norm."""
+    D = w.shape[0]
+    _evaluate(g, w, opt)
+    opt[HEAD + D:HEAD + 2 * D] = w
+    return opt
+
+
+@numba.njit(cache=True)
+def update_kernel(g: np.ndarray, w: np.ndarray, opt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One accelerated step from the gradient at ``w``; records objective and gradient norm."""
+    D = w.shape[0]
+    grad = _evaluate(g, w, opt)
     opt[I_ITER] += 1
     x_prev = opt[HEAD:HEAD + D]
     y_eval = opt[HEAD + D:HEAD + 2 * D]
@@ -202,7 +228,7 @@ def accuracy_kernel(X: np.ndarray, y: np.ndarray, r: np.ndarray) -> np.ndarray:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="logistic_regression.py",
+        prog=PROG,
         description="L2-regularised logistic regression (accelerated gradient descent) on canary.",
     )
     src = ap.add_mutually_exclusive_group()
@@ -218,15 +244,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"data partitions (default: {PARTITIONS_PER_WORKER} per worker)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output", help="write coef (d,) and intercept to this .npz")
-    ap.add_argument("--metrics", help="write one JSON line per iteration to this file")
-    ap.add_argument("--print-every", type=int, default=1, help="progress line every K iterations")
-    ap.add_argument("--trace", default=None, metavar="PATH",
-                    help="write a Chrome trace-event JSON of the run (sets CANARY_TRACE)")
+    add_output_args(ap)
     args = ap.parse_args(argv)
-    if args.trace:
-        import os
-
-        os.environ["CANARY_TRACE"] = args.trace
     args.on_progress = None  # set by main() on rank 0; tests may set their own
     if args.input is None and args.generate is None:
         args.generate = "20000,20"
@@ -251,9 +270,11 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         n, d = count_rows(args.input, args.features)
     else:
         n, d = args.n, args.d
-    P = args.partitions or PARTITIONS_PER_WORKER * max(n_workers, 1)
+    # the default never asks for more partitions than there are rows; a given count may not
+    P = args.partitions or min(PARTITIONS_PER_WORKER * max(n_workers, 1), n)
     if P > n:
-        raise SystemExit(f"logistic_regression: --partitions {P} exceeds the {n} data rows")
+        where = args.input or f"--generate {args.generate}"
+        raise canary.DeclarationError(f"--partitions {P} exceeds the {n} data rows of {where}")
     ranges = partition_rows(n, P)
 
     def load(i: int, parts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -293,6 +314,13 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         p.compute(update_kernel, [g, w, opt], [w, opt])
         p.compute(result_kernel, [opt], [res])
         p.report(res, callback=args.on_progress)
+    if args.max_iter == 0:
+        # No step is taken, so no gradient was evaluated: evaluate the starting point, which
+        # is the one returned, so the result reports its true objective and gradient norm.
+        p.broadcast(w, local_w, name="broadcast_start")
+        p.compute(gradient_kernel, [X, y, local_w], [local_g], name="gradient_at_start")
+        p.reduce(local_g, g, name="reduce_gradient_at_start")
+        p.compute(evaluate_kernel, [g, w, opt], [opt])
     p.compute(result_kernel, [opt], [res])
     p.broadcast(res, local_w, name="broadcast_result")
     p.compute(accuracy_kernel, [X, y, local_w], [acc_local])
@@ -308,50 +336,51 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     is_root = comm.Get_rank() == 0
-    metrics = open(args.metrics, "w") if (args.metrics and is_root) else None  # noqa: SIM115
+    output = npz_path(args.output) if args.output else None
+    if not check_outputs(PROG, {"--output": output, "--metrics": args.metrics,
+                                "--trace": args.trace}, comm):
+        return 2
     t0 = time.perf_counter()
 
     def on_progress(ev: canary.ReportEvent) -> None:
         it, obj, gnorm = int(ev.value[0]), float(ev.value[1]), float(ev.value[2])
         row = {"iteration": it, "objective": obj, "gradient_norm": gnorm,
                "seconds": round(ev.seconds, 6), "tasks": ev.tasks}
-        if metrics is not None:
-            metrics.write(json.dumps(row) + "\n")
-        if args.print_every and it % args.print_every == 0:
-            print(f"iter {it:5d}  objective {obj:.12g}  |grad| {gnorm:.3e}  "
-                  f"tasks {ev.tasks}  {ev.seconds:.3f}s", flush=True)
+        progress.record(row, f"iter {it:5d}  objective {obj:.12g}  |grad| {gnorm:.3e}  "
+                             f"tasks {ev.tasks}  {ev.seconds:.3f}s")
 
     args.on_progress = on_progress
-    try:
-        prog, shape = build(args, comm.Get_size() - 1)
-    except (OSError, InputFormatError) as exc:  # every rank fails alike; rank 0 says why
-        if is_root:
-            print(f"logistic_regression: error: {exc}", file=sys.stderr, flush=True)
+    declared = declare(PROG, build, args, comm.Get_size() - 1, is_root=is_root)
+    if declared is None:  # every rank fails alike; rank 0 said why
         return 2
-    result = canary.run(prog, comm)
+    prog, shape = declared
+    progress = Progress(args.metrics, args.print_every, is_root)
+    result = canary.run(prog, comm, trace=args.trace)
+    progress.close()
     if result is None:
         return 0
-    if metrics is not None:
-        metrics.close()
     r = result.value("result")
     correct, rows = result.value("accuracy")
     d = shape["d"]
     coef, intercept = r[3:3 + d], float(r[3 + d])
-    if args.output:
-        np.savez(args.output, coef=coef, intercept=np.float64(intercept))
+    status = 0
+    if output:
+        status = write_outputs(PROG, {"--output": (output, lambda path: np.savez(
+            path, coef=coef, intercept=np.float64(intercept)))})
     summary = {
         "app": "logistic_regression", "rows": shape["n"], "features": d,
         "partitions": shape["partitions"], "workers": result.workers,
         "iterations": int(r[0]), "objective": float(r[1]), "gradient_norm": float(r[2]),
         "converged": bool(r[2] < args.tol), "accuracy": correct / rows,
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
-        "controller_cpu_percent": round(100 * result.controller_cpu_seconds / max(result.seconds, 1e-9), 3),
+        "controller_cpu_percent": round(
+            100 * result.controller_cpu_seconds / max(result.seconds, 1e-9), 3),
         "controller_messages": result.scheduling_messages,
     }
     print(f"final objective {summary['objective']:.12g}  training accuracy "
           f"{summary['accuracy']:.4f}  after {summary['iterations']} iterations", flush=True)
-    print(json.dumps(summary), flush=True)
-    return 0
+    print(json_line(summary), flush=True)
+    return status
 
 
 if __name__ == "__main__":

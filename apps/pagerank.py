@@ -41,7 +41,6 @@ Run: ``canary run -n 2 apps/pagerank.py`` (default: generated R-MAT graph 100000
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -52,7 +51,14 @@ import numba
 import numpy as np
 
 import canary
-from canary.driver import Progress, add_output_args, declare
+from canary.driver import (
+    Progress,
+    add_output_args,
+    check_outputs,
+    declare,
+    json_line,
+    write_outputs,
+)
 from canary.generate import BLOCK_EDGES, rmat_edges
 from canary.io import (
     count_edges,
@@ -64,6 +70,8 @@ from canary.io import (
 
 # Layout of the one-partition "stats" dataset.
 T_ITER, T_L1, T_DANGLING, T_SUM, T_N, T_ALPHA, T_TOL, T_LEN = range(8)
+
+PROG = "pagerank.py"  # how the app names itself in usage and error lines
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -421,7 +429,7 @@ def edge_count_kernel(indices: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------- driver
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="pagerank.py",
+        prog=PROG,
         description="PageRank (networkx semantics) with a 2-D vertex-cut on canary.",
     )
     src = ap.add_mutually_exclusive_group()
@@ -670,8 +678,10 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     is_root = comm.Get_rank() == 0
+    if not check_outputs(PROG, {"--output": args.output, "--metrics": args.metrics,
+                                "--trace": args.trace}, comm):
+        return 2
     t0 = time.perf_counter()
-    progress = Progress(args.metrics, args.print_every, is_root)
 
     def on_progress(ev: canary.ReportEvent) -> None:
         s = ev.value
@@ -682,20 +692,23 @@ def main(argv: list[str] | None = None) -> int:
                              f"{ev.seconds:.3f}s")
 
     args.on_progress = on_progress
-    declared = declare("pagerank", build, args, comm.Get_size() - 1, is_root=is_root)
+    declared = declare(PROG, build, args, comm.Get_size() - 1, is_root=is_root)
     if declared is None:
         return 2
     prog, shape = declared
+    progress = Progress(args.metrics, args.print_every, is_root)
     result = canary.run(prog, comm, trace=args.trace)
     progress.close()
     if result is None:
         return 0
     s = result.value("stats")
     top: list[list[float]] = []
+    status = 0
     if args.want_ranks:
         ids, ranks = ranks_by_id(result)
         if args.output:
-            write_ranks(args.output, ids, ranks)
+            status = write_outputs(PROG, {"--output": (args.output,
+                                                       lambda path: write_ranks(path, ids, ranks))})
         if args.top:
             order = np.lexsort((ids, -ranks))[: args.top]
             print(f"top {len(order)} vertices by rank:")
@@ -707,18 +720,20 @@ def main(argv: list[str] | None = None) -> int:
         "distinct_edges": int(result.value("edge_count")[0]),
         "partitions": shape["partitions"], "grid": shape["grid"], "workers": result.workers,
         "iterations": int(s[T_ITER]),
-        "l1_change": float(s[T_L1]) if np.isfinite(s[T_L1]) else None, "rank_sum": float(s[T_SUM]),
+        # before any iteration (--max-iter 0) the change is unknown: null in the JSON
+        "l1_change": float(s[T_L1]), "rank_sum": float(s[T_SUM]),
         "converged": bool(s[T_L1] < args.tol),
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
         "controller_messages": result.scheduling_messages,
     }
     if top:
         summary["top"] = top
-    print(f"L1 change {float(s[T_L1]):.3e} after {summary['iterations']} iterations "
+    change = f"{s[T_L1]:.3e}" if np.isfinite(s[T_L1]) else "unknown (no iteration)"
+    print(f"L1 change {change} after {summary['iterations']} iterations "
           f"({summary['vertices']} vertices, {summary['distinct_edges']} distinct edges)",
           flush=True)
-    print(json.dumps(summary), flush=True)
-    return 0
+    print(json_line(summary), flush=True)
+    return status
 
 
 if __name__ == "__main__":

@@ -25,7 +25,20 @@ def rows(i: int, parts: int, n: int = 4000, d: int = 30, seed: int = 0) -> np.nd
 
 @numba.njit(cache=True)
 def local_product(a: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return a.T @ (a @ v)  # this partition's share of (A^T A) v
+    """This partition's share of (A^T A) v: the sum over its rows r of (r . v) r.
+
+    Explicit loops, not ``a.T @ (a @ v)``: numba compiles ``@`` and ``np.dot`` to BLAS calls
+    that need scipy, which a plain ``pip install`` of canary does not bring.
+    """
+    n, d = a.shape
+    out = np.zeros(d)
+    for i in range(n):
+        z = 0.0
+        for j in range(d):
+            z += a[i, j] * v[j]
+        for j in range(d):
+            out[j] += z * a[i, j]
+    return out
 
 
 @numba.njit(cache=True)
@@ -39,12 +52,19 @@ def normalise(s: np.ndarray, state: np.ndarray) -> np.ndarray:
     return state
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="power_iteration.py", description=__doc__)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--tol", type=float, default=1e-10)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.partitions < 1 or args.tol < 0:
+        ap.error(f"--partitions must be >= 1 and --tol >= 0, got {args.partitions} and {args.tol}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     d = 30
 
     p = canary.Program("power_iteration")
@@ -70,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     result = canary.run(p)
     if result is not None:  # rank 0 (the controller) gets the reported datasets
         lam, change, its = result.value("state")[:3]
-        print(f"largest eigenvalue of A^T A: {lam:.12g} after {int(its)} iterations")
+        if np.isnan(lam):  # the flag set above
+            print(f"no convergence within {int(its)} iterations (last change {change:.3g}; "
+                  "try a larger --tol)")
+        else:
+            print(f"largest eigenvalue of A^T A: {lam:.12g} after {int(its)} iterations")
     return 0
 
 

@@ -1,16 +1,21 @@
 """What every app driver does the same way: output flags, progress on rank 0, input errors.
 
 An app declares its program on every rank; these helpers keep the rank-0 side (progress lines,
-``--metrics`` JSON lines, ``--trace``) and the handling of unreadable input identical across
-apps.
+``--metrics`` JSON lines, ``--trace``), the checks of output paths before any work, and the
+handling of unreadable input identical across apps.
+
+Every JSON line an app writes (``--metrics`` rows, the summary) goes through
+:func:`json_line`: strict JSON, with a value that is not a finite number written as ``null``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any, TypeVar
 
 from canary.errors import CanaryError
@@ -28,6 +33,87 @@ def add_output_args(ap: argparse.ArgumentParser) -> None:
                     help="write a Chrome trace-event JSON of the run (open it in Perfetto)")
 
 
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
+def json_line(row: Mapping[str, Any]) -> str:
+    """``row`` as one line of strict JSON (RFC 8259), which every JSON parser reads.
+
+    Python's ``json`` would write NaN and infinities as the bare words ``NaN`` and
+    ``Infinity``, which strict parsers reject; here a float that is not finite, at any depth
+    of nested dicts and lists, is written as ``null`` (the value is unknown or meaningless:
+    a change before any iteration, an overflow). Raises TypeError for a value JSON cannot
+    hold (convert numpy integers with ``int``).
+    """
+    return json.dumps(_finite_or_null(row), allow_nan=False)
+
+
+def npz_path(path: str) -> str:
+    """The file ``numpy.savez(path, ...)`` writes: ``path`` with ``.npz`` appended if missing."""
+    return path if path.endswith(".npz") else path + ".npz"
+
+
+def output_problem(path: str) -> str | None:
+    """Why a file cannot be written at ``path``, or None if it can (as far as can be known
+    without writing). Creates, opens and truncates nothing.
+
+    Checked: the directory exists, is a directory and is writable; an existing ``path`` is not
+    a directory and is writable.
+    """
+    folder = os.path.dirname(path)
+    shown = folder or f"{os.getcwd()} (the current directory)"
+    folder = folder or "."
+    if not os.path.exists(folder):
+        return f"directory {shown} does not exist"
+    if not os.path.isdir(folder):
+        return f"{shown} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"directory {shown} is not writable"
+    if os.path.isdir(path):
+        return "is a directory (expected a file name)"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "the file exists and is not writable"
+    return None
+
+
+def unwritable_output(outputs: Mapping[str, str | None]) -> str | None:
+    """``FLAG PATH: why`` for the first of ``outputs`` (flag -> path, None: not asked for) that
+    cannot be written (see :func:`output_problem`), or None when all can."""
+    for flag, path in outputs.items():
+        if path:
+            why = output_problem(path)
+            if why is not None:
+                return f"{flag} {path}: {why}"
+    return None
+
+
+def check_outputs(app: str, outputs: Mapping[str, str | None], comm: Any) -> bool:
+    """Before any work: can rank 0 write every output it was asked for?
+
+    A result that cannot be saved must be found out before the run, not after hours of it.
+    Rank 0 (which writes the outputs) checks ``outputs`` (flag -> path; see
+    :func:`unwritable_output`) and tells every rank of ``comm`` (an mpi4py communicator), so
+    all return the same; when a path is bad, rank 0 prints ``APP: error: FLAG PATH: why`` to
+    stderr and every rank returns False (the caller exits with status 2). Collective: every
+    rank must call it.
+    """
+    problem = unwritable_output(outputs) if comm.Get_rank() == 0 else None
+    if comm.Get_size() > 1:
+        problem = comm.bcast(problem, root=0)
+    if problem is None:
+        return True
+    if comm.Get_rank() == 0:
+        print(f"{app}: error: {problem}", file=sys.stderr, flush=True)
+    return False
+
+
 class Progress:
     """Per-iteration progress on rank 0: a JSON line per iteration to ``metrics_path`` and a
     console line every ``print_every`` iterations. Does nothing where ``enabled`` is false
@@ -41,11 +127,12 @@ class Progress:
             self._file = open(metrics_path, "w")  # noqa: SIM115 - closed in close()
 
     def record(self, row: dict[str, Any], line: str) -> None:
-        """Write ``row`` (must hold ``iteration``) and print ``line`` when it is time to."""
+        """Write ``row`` (must hold ``iteration``) as a :func:`json_line` and print ``line``
+        when it is time to."""
         if not self.enabled:
             return
         if self._file is not None:
-            self._file.write(json.dumps(row) + "\n")
+            self._file.write(json_line(row) + "\n")
             self._file.flush()
         if self.print_every and row["iteration"] % self.print_every == 0:
             print(line, flush=True)
@@ -69,3 +156,21 @@ def declare(app: str, build: Callable[..., T], *args: Any, is_root: bool = True)
         if is_root:
             print(f"{app}: error: {exc}", file=sys.stderr, flush=True)
         return None
+
+
+def write_outputs(app: str, writers: Mapping[str, tuple[str, Callable[[str], None]]]) -> int:
+    """Write the run's end-of-run outputs: ``writers`` maps a flag to (path, write(path)).
+
+    Returns 0, or 1 after printing ``APP: error: FLAG PATH: could not write it (reason)`` for
+    each that failed (the directory went away during the run, the disk filled): the caller
+    still prints its summary, so a long run's result is not lost with its file.
+    """
+    status = 0
+    for flag, (path, write) in writers.items():
+        try:
+            write(path)
+        except OSError as exc:
+            print(f"{app}: error: {flag} {path}: could not write it ({exc.strerror or exc})",
+                  file=sys.stderr, flush=True)
+            status = 1
+    return status

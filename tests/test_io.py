@@ -16,6 +16,7 @@ from canary.io import (
     InputFormatError,
     count_edges,
     count_rows,
+    map_npy,
     partition_rows,
     read_edges,
     read_edges_range,
@@ -425,3 +426,116 @@ def test_npy_edges(tmp_path: Path) -> None:
     np.save(bad, np.zeros((4, 3), np.int64))
     with pytest.raises(InputFormatError, match=r"expected \(m, 2\) integer edges"):
         count_edges(bad)
+
+
+# ---------------------------------------------------------------------------
+# files that are not what their name says: each error says what the file is
+# not and what was expected, and never quotes binary bytes as a label or an id
+
+
+GARBAGE = np.random.default_rng(5).integers(0, 256, 5000, dtype=np.uint8).tobytes()
+
+
+def _readers(kind: str) -> list:
+    """Every public reader of a file named as ``kind``, as one-argument calls."""
+    if kind == "svm":
+        return [count_rows, lambda p: read_rows(p, 0, None, n_features=3),
+                lambda p: read_svmlight_range(p, 0, os.path.getsize(p), 3)]
+    if kind == "txt":
+        return [count_edges, read_edges, lambda p: read_edges_range(p, 0, os.path.getsize(p))]
+    if kind == "npy":
+        return [count_rows, lambda p: read_rows(p, 0, 1, need_labels=False), count_edges,
+                lambda p: read_edges_rows(p, 0, 1), map_npy]
+    return [count_rows, lambda p: read_rows(p, 0, 1)]
+
+
+@pytest.mark.parametrize(("name", "data", "pattern"), [
+    ("d.svm", GARBAGE, r"not svmlight text: (byte|line) \d+ holds a NUL byte, so the file is "
+                       r"binary \(expected 'LABEL INDEX:VALUE \.\.\.' lines"),
+    ("d.txt", GARBAGE, r"not an edge-list text file: (byte|line) \d+ holds a NUL byte, so the "
+                       r"file is binary \(expected 'SRC DST' lines"),
+    ("d.npy", GARBAGE, r"not a numeric \.npy array: it does not start with the \.npy magic "
+                       r"string \(expected an array written by numpy\.save\)"),
+    ("d.npy", b"", r"not a numeric \.npy array: the file is empty"),
+    ("d.npy", b"0 1\n2 3\n", r"not a numeric \.npy array: it does not start with the \.npy magic"),
+    ("d.npz", GARBAGE, r"not an \.npz file: not a zip archive \(expected np\.savez\(path, X="),
+    ("d.npz", b"", r"not an \.npz file: the file is empty"),
+    ("d.h5", GARBAGE, r"not an HDF5 file \(h5py: .*; expected datasets X and optional y"),
+    ("d.h5", b"", r"not an HDF5 file \(the file is empty; expected datasets X"),
+])
+def test_garbage_and_empty_files_say_what_they_are_not(tmp_path: Path, name: str, data: bytes,
+                                                       pattern: str) -> None:
+    p = tmp_path / name
+    p.write_bytes(data)
+    for read in _readers(name.rsplit(".", 1)[1]):
+        with pytest.raises(InputFormatError, match=rf"^{p}: {pattern}") as err:
+            read(p)
+        assert "allow_pickle" not in str(err.value) and "\\x" not in str(err.value)
+
+
+def test_empty_text_files(tmp_path: Path) -> None:
+    (tmp_path / "e.svm").write_bytes(b"")
+    with pytest.raises(InputFormatError, match=r"e\.svm: no data rows"):
+        count_rows(tmp_path / "e.svm")
+    (tmp_path / "e.txt").write_bytes(b"")
+    with pytest.raises(InputFormatError, match=r"e\.txt: no edges"):
+        count_edges(tmp_path / "e.txt")
+
+
+def test_binary_file_under_a_text_name_is_named_by_its_magic(tmp_path: Path) -> None:
+    p = tmp_path / "x.svm"
+    np.save(tmp_path / "x.npy", np.zeros((4, 3)))
+    p.write_bytes((tmp_path / "x.npy").read_bytes())
+    with pytest.raises(InputFormatError, match=r"binary; it is a NumPy \.npy array \(expected"):
+        count_rows(p)
+    np.savez(tmp_path / "z.npz", X=np.zeros((4, 3)))
+    e = tmp_path / "z.txt"
+    e.write_bytes((tmp_path / "z.npz").read_bytes())
+    with pytest.raises(InputFormatError, match=r"binary; it is a zip archive \(an \.npz\?\)"):
+        count_edges(e)
+
+
+def test_npy_of_python_objects_is_never_unpickled(tmp_path: Path) -> None:
+    p = tmp_path / "o.npy"
+    np.save(p, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    for read in _readers("npy"):
+        with pytest.raises(InputFormatError, match=r"o\.npy: not a numeric \.npy array: it "
+                                                   r"holds Python objects \(dtype object\)"):
+            read(p)
+
+
+def test_truncated_npy_and_npz_member(tmp_path: Path) -> None:
+    p = tmp_path / "t.npy"
+    np.save(p, np.zeros((100, 3)))
+    p.write_bytes(p.read_bytes()[:300])
+    with pytest.raises(InputFormatError, match=r"t\.npy: not a numeric \.npy array: it is "
+                                               r"damaged or shorter than its header says"):
+        count_rows(p)
+    import zipfile
+
+    z = tmp_path / "m.npz"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("X.npy", GARBAGE)
+    with pytest.raises(InputFormatError, match=r"m\.npz: member 'X\.npy' is not a numeric "
+                                               r"\.npy array"):
+        count_rows(z)
+
+
+def test_text_that_is_not_svmlight_or_an_edge_list(tmp_path: Path) -> None:
+    dense = tmp_path / "dense.svm"
+    dense.write_text("0.5 1.5 2.5\n1 2 3\n")
+    with pytest.raises(InputFormatError, match=r"dense\.svm: no line has an INDEX:VALUE feature "
+                                               r"\(expected 'LABEL INDEX:VALUE \.\.\.' lines; a "
+                                               r"table of plain numbers is not svmlight"):
+        count_rows(dense)
+    assert count_rows(dense, n_features=2) == (2, 2)  # label-only rows, when asked for
+    csv = tmp_path / "t.csv"
+    csv.write_text("1.0,0.5,2\n0.0,1.5,3\n")
+    with pytest.raises(InputFormatError, match=r"t\.csv:1: label '1\.0,0\.5,2' contains ','.*"
+                                               r"comma-separated \(CSV\) files are not supported"):
+        read_rows(csv, 0, None, n_features=3)
+    edges = tmp_path / "e.csv"
+    edges.write_text("# src,dst\n1,2\n2,3\n")
+    with pytest.raises(InputFormatError, match=r"e\.csv:2: .*comma-separated \(CSV\) lines are "
+                                               r"not an edge list"):
+        read_edges(edges)

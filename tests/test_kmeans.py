@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import h5py
@@ -16,6 +15,7 @@ import apps.kmeans as km
 import canary
 from canary.generate import blobs
 from canary.io import InputFormatError
+from tests.app_helpers import strict_loads
 
 
 def run_km(argv: list[str], workers: int = 2, seed: int = 0, labels: bool = True,
@@ -181,14 +181,15 @@ def test_mpiexec(tmp_path: Path, digits: tuple, ranks: int) -> None:
                 "--tol", "0", "--partitions", "5", "--output", str(out), "--metrics", str(met),
                 timeout=60)
     assert cp.returncode == 0, cp.stderr
-    summary = json.loads(cp.stdout.strip().splitlines()[-1])
+    summary = strict_loads(cp.stdout.strip().splitlines()[-1])
     sk = sk_fit(X, C0)
     assert summary["iterations"] == sk.n_iter_ and summary["workers"] == ranks - 1
     assert summary["converged"] and summary["tasks"] > 0
     z = np.load(out)
     assert_matches(sk, X, np.array([summary["iterations"], float(z["inertia"])]), z["centers"],
                    z["labels"])
-    assert len(met.read_text().splitlines()) == sk.n_iter_
+    rows = [strict_loads(line) for line in met.read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == list(range(1, sk.n_iter_ + 1))
 
 
 def test_cli_error_exit_code(tmp_path: Path) -> None:
@@ -207,3 +208,15 @@ def test_nearest_center_breaks_ties_to_the_lower_index_and_keeps_nan() -> None:
         assert km.nearest_center(X, i, centers) == (j, dist)
     j, dist = km.nearest_center(X, 3, centers)
     assert j == 0 and np.isnan(dist)  # a NaN row is visible in the inertia, not silently 0
+
+
+def test_default_partitions_fit_a_tiny_input_and_a_given_count_is_checked(tmp_path: Path) -> None:
+    np.save(tmp_path / "three.npy", np.array([[0.0, 0.0], [1.0, 0.0], [5.0, 5.0]]))
+    args = km.parse_args(["--input", str(tmp_path / "three.npy"), "--k", "2"])
+    prog, shape = km.build(args, 2)  # 4 per worker would be 8 partitions of 3 points
+    assert shape["partitions"] == 3
+    assert canary.run_local(prog, workers=2).value("result")[1] == pytest.approx(0.5)
+    args = km.parse_args(["--input", str(tmp_path / "three.npy"), "--k", "2", "--partitions", "4"])
+    with pytest.raises(canary.DeclarationError,
+                       match=r"^--partitions 4 exceeds the 3 data points of .*three\.npy$"):
+        km.build(args, 2)

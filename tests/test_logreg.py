@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import h5py
@@ -92,15 +91,52 @@ def test_default_is_one_partition_per_worker() -> None:
     assert shape["partitions"] == 7
 
 
+def test_arguments_parse_to_the_problem_they_describe() -> None:
+    args = lr.parse_args(["--generate", "10,3", "--partitions", "11", "--reg", "0",
+                          "--max-iter", "0"])
+    assert (args.input, args.n, args.d, args.partitions) == (None, 10, 3, 11)
+    assert (args.reg, args.tol, args.max_iter, args.seed) == (0.0, 1e-6, 0, 0)
+    assert (args.output, args.metrics, args.trace, args.print_every) == (None, None, None, 1)
+    default = lr.parse_args([])  # no input: the generated 20,000 x 20 problem
+    assert (default.generate, default.n, default.d) == ("20000,20", 20000, 20)
+    given = lr.parse_args(["--input", "data.svm", "--features", "7"])
+    assert (given.input, given.generate, given.features) == ("data.svm", None, 7)
+
+
 def test_bad_arguments_are_refused() -> None:
-    with pytest.raises(SystemExit):
-        lr.parse_args(["--generate", "10"])
-    with pytest.raises(SystemExit):
-        lr.parse_args(["--tol", "0"])
+    for argv in (["--generate", "10"], ["--generate", "0,3"], ["--tol", "0"],
+                 ["--max-iter", "-1"], ["--reg", "-1"], ["--partitions", "0"],
+                 ["--input", "a.svm", "--generate", "10,3"]):
+        with pytest.raises(SystemExit):
+            lr.parse_args(argv)
     args = lr.parse_args(["--generate", "10,3", "--partitions", "11"])
-    with pytest.raises(SystemExit, match="exceeds the 10 data rows"):
+    with pytest.raises(canary.DeclarationError,
+                       match=r"^--partitions 11 exceeds the 10 data rows of --generate 10,3$"):
         lr.build(args, 2)
-    assert isinstance(args, argparse.Namespace)
+    # the default asks for no more partitions than there are rows: 3 rows, 4 workers
+    _, shape = lr.build(lr.parse_args(["--generate", "3,2"]), 4)
+    assert shape["partitions"] == 3
+
+
+def test_zero_iterations_return_the_start_with_its_true_objective_and_gradient(
+        cancer: dict) -> None:
+    """--max-iter 0 returns w = 0; its objective is ln 2 (every margin is 0), not 0, and its
+    gradient norm is the gradient's at 0, not infinity: the same two numbers that the first
+    iteration reports for the point it evaluates, which is also 0."""
+    path = cancer["dir"] / "cancer.npz"
+    got = {}
+    for iters in (0, 1):
+        args = lr.parse_args(["--input", str(path), "--reg", str(REG), "--max-iter", str(iters),
+                              "--partitions", "3"])
+        prog, _ = lr.build(args, 2)
+        got[iters] = canary.run_local(prog, workers=2).value("result")
+    r = got[0]
+    X, y = cancer["X"], cancer["y"]
+    grad = np.append(X.T @ (0.5 - y), np.sum(0.5 - y)) / len(y)
+    assert r[0] == 0 and not r[3:].any()
+    assert r[1] == pytest.approx(np.log(2.0), rel=1e-13)
+    assert r[2] == pytest.approx(np.linalg.norm(grad), rel=1e-12)
+    assert got[1][0] == 1 and np.array_equal(got[1][1:3], r[1:3])
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 40.0])

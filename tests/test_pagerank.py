@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import networkx as nx
@@ -14,6 +13,7 @@ import apps.pagerank as pr
 import canary
 from canary.generate import rmat_edges
 from canary.io import InputFormatError
+from tests.app_helpers import strict_loads
 
 
 def run_pr(argv: list[str], workers: int = 2, seed: int = 0) -> tuple[np.ndarray, np.ndarray,
@@ -171,7 +171,7 @@ def test_mpiexec_output_top_and_summary(tmp_path: Path, ranks: int) -> None:
                 "--partitions", "4", *TIGHT, "--output", str(out), "--top", "3",
                 "--metrics", str(met), timeout=60)
     assert cp.returncode == 0, cp.stderr
-    summary = json.loads(cp.stdout.strip().splitlines()[-1])
+    summary = strict_loads(cp.stdout.strip().splitlines()[-1])
     assert summary["workers"] == ranks - 1 and summary["converged"]
     assert summary["vertices"] == 34 and summary["distinct_edges"] == len(e)
     lines = out.read_text().splitlines()
@@ -182,7 +182,8 @@ def test_mpiexec_output_top_and_summary(tmp_path: Path, ranks: int) -> None:
     assert_matches(ref, ids, vals)
     best = sorted(ref, key=lambda v: -ref[v])[:3]
     assert [t[0] for t in summary["top"]] == best
-    assert len(met.read_text().splitlines()) == summary["iterations"]
+    rows = [strict_loads(line) for line in met.read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == list(range(1, summary["iterations"] + 1))
 
 
 def test_cli_empty_graph_exit_code(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from apps import power_iteration as pi
+from tests.app_helpers import ONE_RANK_NOTE, run_python
 from tests.conftest import mpirun
 
 
@@ -29,3 +30,25 @@ def test_script_run_after_import_shares_the_numba_cache() -> None:
     r = mpirun(2, "apps/power_iteration.py", "--partitions", "2")
     assert r.returncode == 0, r.stderr
     assert "largest eigenvalue" in r.stdout
+
+
+def test_plain_python_runs_in_process_with_one_worker() -> None:
+    """`python apps/power_iteration.py`, as docs/programming.md shows it: no mpiexec, one MPI
+    rank, so canary.run runs the controller and one worker in this process."""
+    r = run_python("apps/power_iteration.py", "--partitions", "3")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(ONE_RANK_NOTE)
+    lam = float(r.stdout.split("A^T A: ")[1].split()[0])
+    assert lam == pytest.approx(reference(3), rel=1e-9)
+
+
+def test_local_product_is_the_partition_share_of_ata_v() -> None:
+    a = pi.rows(1, 3)
+    v = np.random.default_rng(2).standard_normal(a.shape[1])
+    np.testing.assert_allclose(pi.local_product(a, v), a.T @ (a @ v), rtol=1e-12)
+
+
+def test_bad_arguments_are_refused_in_one_line() -> None:
+    r = run_python("apps/power_iteration.py", "--partitions", "0")
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
+        "power_iteration.py: error: --partitions must be >= 1 and --tol >= 0, got 0 and 1e-10")

@@ -36,6 +36,103 @@ def check_exists(path: PathLike) -> str:
     return p
 
 
+#: How a binary file starts, for saying what a file given where text was expected is instead.
+_MAGIC = (
+    (b"\x93NUMPY", "a NumPy .npy array"),
+    (b"PK\x03\x04", "a zip archive (an .npz?)"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+    (b"\x1f\x8b", "gzip-compressed: decompress it first"),
+    (b"\xff\xfe", "UTF-16 text: save it as UTF-8 or ASCII"),
+    (b"\xfe\xff", "UTF-16 text: save it as UTF-8 or ASCII"),
+)
+
+
+def binary_kind(p: str) -> str:
+    """``"; it is WHAT"`` when the start of file ``p`` says what it is (``"; it is a NumPy .npy
+    array"``), else ``""``: the tail of an error saying what a file is not."""
+    with open(p, "rb") as f:
+        head = f.read(8)
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return f"; it is {what}"
+    return ""
+
+
+def first_nul(data: bytes | np.ndarray) -> int:
+    """Offset of the first NUL byte in ``data``, or -1. Text never holds one, so it tells a
+    binary file given where text was expected (``bytes.find`` runs at memory speed)."""
+    if isinstance(data, np.ndarray):
+        hits = np.flatnonzero(data == 0)
+        return int(hits[0]) if hits.size else -1
+    return data.find(b"\0")
+
+
+def not_text(p: str, where: str, what: str, expected: str) -> InputFormatError:
+    """The error for file ``p``, read as text, that holds a NUL byte at ``where`` (``"byte
+    17"``, ``"line 3"``): it is not ``what`` (``"svmlight text"``) but binary; ``expected``
+    says what the file should hold."""
+    return InputFormatError(
+        f"{p}: not {what}: {where} holds a NUL byte, so the file is binary{binary_kind(p)} "
+        f"(expected {expected})"
+    )
+
+
+def reject_binary(p: str, buf: np.ndarray, first_line: int, what: str, expected: str) -> None:
+    """Raise :func:`not_text` if ``buf`` (complete lines of ``p`` from line ``first_line``) holds
+    a NUL byte. Parsers call it before reporting a malformed token, so that a binary file is
+    called binary instead of having its bytes quoted as a label or an id."""
+    i = first_nul(buf)
+    if i >= 0:
+        raise not_text(p, f"line {line_of(buf, first_line, i)}", what, expected)
+
+
+def map_npy(path: PathLike) -> np.ndarray:
+    """Memory-map the ``.npy`` file at ``path`` read-only, having checked it is one.
+
+    Never unpickles anything. Raises FileNotFoundError if missing; InputFormatError saying the
+    file is not a numeric ``.npy`` array when it is empty, does not start with the ``.npy``
+    magic string (another kind of file under a ``.npy`` name), has a damaged header, holds
+    Python objects, or is shorter than its header says. Callers check shape and dtype.
+    """
+    p = check_exists(path)
+    expected = "an array written by numpy.save"
+    not_npy = f"{p}: not a numeric .npy array"
+    with open(p, "rb") as f:
+        head = f.read(6)
+        if not head:
+            raise InputFormatError(f"{not_npy}: the file is empty (expected {expected})")
+        if head != b"\x93NUMPY":
+            raise InputFormatError(
+                f"{not_npy}: it does not start with the .npy magic string{binary_kind(p)} "
+                f"(expected {expected})"
+            )
+        f.seek(0)
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                dtype = np.lib.format.read_array_header_1_0(f)[2]
+            elif version == (2, 0):
+                dtype = np.lib.format.read_array_header_2_0(f)[2]
+            else:  # newer layouts: np.load below reads them, and refuses to map objects
+                dtype = np.dtype(np.float64)
+        except (ValueError, EOFError) as exc:
+            raise InputFormatError(
+                f"{not_npy}: its header is damaged ({exc}; expected {expected})"
+            ) from None
+    if dtype.hasobject:
+        raise InputFormatError(
+            f"{not_npy}: it holds Python objects (dtype {dtype}), which canary never unpickles "
+            f"(expected numbers, {expected})"
+        )
+    try:
+        return np.load(p, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError, OSError) as exc:
+        raise InputFormatError(
+            f"{not_npy}: it is damaged or shorter than its header says ({exc}; expected "
+            f"{expected})"
+        ) from None
+
+
 def partition_rows(n_rows: int, parts: int) -> list[tuple[int, int]]:
     """Split ``range(n_rows)`` into ``parts`` contiguous, balanced [start, stop) ranges.
 
@@ -195,10 +292,22 @@ def iter_line_blocks(
             yield pos - len(carry), carry
 
 
-def count_data_lines(path: str) -> int:
-    """Number of non-blank, non-comment lines of a text file (one fast pass)."""
+def iter_text_blocks(path: str, what: str, expected: str) -> Iterator[tuple[int, bytes]]:
+    """:func:`iter_line_blocks` over a whole file that must be text: raises :func:`not_text`
+    (InputFormatError) at the first NUL byte, before any caller counts garbage as rows."""
+    for off, block in iter_line_blocks(path):
+        i = first_nul(block)
+        if i >= 0:
+            raise not_text(path, f"byte {off + i}", what, expected)
+        yield off, block
+
+
+def count_data_lines(path: str, what: str, expected: str) -> int:
+    """Number of non-blank, non-comment lines of a text file (one fast pass).
+
+    Raises InputFormatError (``not what ... (expected ...)``) if the file is binary."""
     total = 0
-    for _, block in iter_line_blocks(path):
+    for _, block in iter_text_blocks(path, what, expected):
         total += int(K.count_data_lines(np.frombuffer(block, np.uint8)))
     return total
 

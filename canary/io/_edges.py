@@ -13,11 +13,16 @@ from canary.io._common import (
     check_exists,
     count_data_lines,
     line_of,
+    map_npy,
     read_line_range,
+    reject_binary,
     token,
 )
 
 _EXPECT = "expected 'SRC DST' with non-negative integer ids"
+# What a binary file given as an edge list is not, and what it should be.
+_TEXT = "an edge-list text file"
+_TEXT_EXPECTED = "'SRC DST' lines of non-negative integer ids, or an (m, 2) integer .npy array"
 
 
 def _is_npy(path: str) -> bool:
@@ -31,15 +36,15 @@ def count_edges(path: PathLike, allow_empty: bool = False) -> int:
     are neither blank nor '#' comments, in one fast pass (no parsing; malformed
     lines are reported by the readers).
 
-    Raises FileNotFoundError if missing; InputFormatError if a .npy array is not
-    (m, 2) integer, or if there are no edges and ``allow_empty`` is False
-    (a graph app cannot run on an empty graph).
+    Raises FileNotFoundError if missing; InputFormatError if a .npy file is not an
+    (m, 2) integer array, a text file is binary (holds a NUL byte), or there are no
+    edges and ``allow_empty`` is False (a graph app cannot run on an empty graph).
     """
     p = check_exists(path)
     if _is_npy(p):
         m = int(_npy_edges(p).shape[0])
     else:
-        m = count_data_lines(p)
+        m = count_data_lines(p, _TEXT, _TEXT_EXPECTED)
     if m == 0 and not allow_empty:
         raise InputFormatError(f"{p}: no edges (expected at least one 'SRC DST' line)")
     return m
@@ -60,7 +65,8 @@ def read_edges_range(
 
     Raises FileNotFoundError; ValueError for a range outside the file;
     InputFormatError naming file and true 1-based line for a line with one
-    field, a non-integer, negative or out-of-int64 id, or extra columns.
+    field, a non-integer, negative or out-of-int64 id, or extra columns (or
+    saying that the file is binary, when the range holds a NUL byte).
     """
     p = check_exists(path)
     if _is_npy(p):
@@ -120,10 +126,7 @@ def read_edges(path: PathLike, allow_extra_columns: bool = False) -> np.ndarray:
 
 
 def _npy_edges(p: str) -> np.ndarray:
-    try:
-        a = np.load(p, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        raise InputFormatError(f"{p}: not a readable .npy array ({exc})") from None
+    a = map_npy(p)
     if a.ndim != 2 or a.shape[1] != 2 or a.dtype.kind not in "iu":
         raise InputFormatError(
             f"{p}: array has shape {a.shape} and dtype {a.dtype} (expected (m, 2) integer edges)"
@@ -136,11 +139,13 @@ def _parse(p: str, buf: np.ndarray, line: int, allow_extra: bool) -> np.ndarray:
     out = np.empty((cap, 2), np.int64)
     m, err, s, e = K.edges_parse(buf, out, allow_extra)
     if err:
+        reject_binary(p, buf, line, _TEXT, _TEXT_EXPECTED)
         ln = line_of(buf, line, int(s))
         tok = token(buf, int(s), int(e))
+        comma = "; comma-separated (CSV) lines are not an edge list" if "," in tok else ""
         msg = {
-            K.E_ONE_FIELD: f"line '{tok}' has one field ({_EXPECT})",
-            K.E_NOT_INT: f"vertex id '{tok}' is not an integer ({_EXPECT})",
+            K.E_ONE_FIELD: f"line '{tok}' has one field ({_EXPECT}{comma})",
+            K.E_NOT_INT: f"vertex id '{tok}' is not an integer ({_EXPECT}{comma})",
             K.E_NEGATIVE: f"vertex id '{tok}' is negative ({_EXPECT})",
             K.E_OVERFLOW: f"vertex id '{tok}' does not fit in int64 ({_EXPECT})",
             K.E_EXTRA: (

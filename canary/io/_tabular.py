@@ -12,14 +12,22 @@ from canary.io import _kernels as K
 from canary.io._common import (
     InputFormatError,
     PathLike,
+    binary_kind,
     check_exists,
+    iter_text_blocks,
     line_of,
     locate_data_lines,
+    map_npy,
     read_line_range,
+    reject_binary,
     token,
 )
 
 _EXPECT_FEATURE = "expected INDEX:VALUE with 1-based integer INDEX"
+# What a binary file given as svmlight is not, and what a tabular file should be.
+_SVM_TEXT = "svmlight text"
+_SVM_EXPECTED = ("'LABEL INDEX:VALUE ...' lines, or a .npy, .npz or .h5 file named so; "
+                 "see docs/formats.md")
 
 
 def _kind(path: str) -> str:
@@ -48,14 +56,24 @@ def count_rows(path: PathLike, n_features: int | None = None) -> tuple[int, int]
     n_rows counts lines that are neither blank nor comments, n_features is the
     largest 1-based feature index, or ``n_features`` if given.
 
-    Raises FileNotFoundError if the file is missing; InputFormatError if it has
-    no data rows, a binary array is not 2-D numeric, ``y`` does not match
-    ``X``, or a feature index exceeds the given ``n_features``.
+    Raises FileNotFoundError if the file is missing; InputFormatError if it is
+    not what its extension says (a binary file read as svmlight text, an empty
+    or foreign file as ``.npy``/``.npz``/``.h5``; the message says what the file
+    is not and what was expected), has no data rows, a binary array is not 2-D
+    numeric, ``y`` does not match ``X``, an svmlight file has no feature on any
+    line and ``n_features`` is not given, or a feature index exceeds the given
+    ``n_features``.
     """
     p = check_exists(path)
     kind = _kind(p)
     if kind == "svmlight":
         n, d = _svm_count(p)
+        if n > 0 and d == 0 and n_features is None:
+            raise InputFormatError(
+                f"{p}: no line has an INDEX:VALUE feature (expected 'LABEL INDEX:VALUE ...' "
+                "lines; a table of plain numbers is not svmlight: save it with numpy.save as "
+                ".npy, or pass n_features to read label-only rows)"
+            )
         if n_features is not None:
             if d > n_features:
                 raise InputFormatError(
@@ -140,11 +158,10 @@ def read_svmlight_range(
 
 
 def _svm_count(p: str) -> tuple[int, int]:
-    from canary.io._common import iter_line_blocks
-
+    """(data rows, largest feature index); raises InputFormatError if the file is binary."""
     rows = 0
     d = 0
-    for _, block in iter_line_blocks(p):
+    for _, block in iter_text_blocks(p, _SVM_TEXT, _SVM_EXPECTED):
         r, m = K.svm_scan(np.frombuffer(block, np.uint8))
         rows += int(r)
         d = max(d, int(m))
@@ -229,9 +246,9 @@ def _svm_slow_all(
 ) -> None:
     """Convert every token the kernel's fast path declined, with Python's exact float.
 
-    A list comprehension of float() costs ~0.1 us a token; only if it fails (or
-    meets NaN/inf or an underscore, which Python accepts but strtod does not)
-    do we go token by token to name the culprit.
+    One list comprehension of float() converts them all cheaply; only if it
+    fails (or meets NaN/inf or an underscore, which Python accepts but strtod
+    does not) do we go token by token to name the culprit.
     """
     raw = buf.tobytes()
     toks = [raw[s:e] for s, e in zip(ss.tolist(), se.tolist())]
@@ -244,6 +261,7 @@ def _svm_slow_all(
     except ValueError:
         ok = False
     if not ok:
+        reject_binary(p, buf, line, _SVM_TEXT, _SVM_EXPECTED)
         # Token by token, so the first bad one is named (and raises).
         for k in range(sp.size):
             _svm_slow(p, buf, line, labels, values, indices, int(sp[k]), int(ss[k]), int(se[k]))
@@ -294,6 +312,7 @@ def _svm_slow(
 
 
 def _svm_error(p: str, buf: np.ndarray, line: int, d: int, err: int, s: int, e: int) -> None:
+    reject_binary(p, buf, line, _SVM_TEXT, _SVM_EXPECTED)
     ln = line_of(buf, line, s)
     tok = token(buf, s, e)
     idx = tok.split(":", 1)[0]
@@ -309,7 +328,7 @@ def _svm_error(p: str, buf: np.ndarray, line: int, d: int, err: int, s: int, e: 
         K.E_INDEX_TOO_LARGE: f"feature index '{idx}' is too large (expected INDEX < 10**18)",
         K.E_MULTILABEL: (
             f"label '{tok}' contains ',' (expected one numeric LABEL; multi-label lines "
-            "are not supported)"
+            "and comma-separated (CSV) files are not supported)"
         ),
         K.E_QID: f"'{tok}' is not a valid query id (expected qid:INTEGER after the label)",
     }.get(err, f"malformed token '{tok}'")
@@ -363,16 +382,24 @@ def _npz_member(p: str, zf: zipfile.ZipFile, name: str) -> zipfile.ZipInfo | Non
 
 
 def _npz_header(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo
+    p: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo
 ) -> tuple[tuple[int, ...], bool, np.dtype, int]:
-    """(shape, fortran_order, dtype, header length) of an .npy member of an .npz."""
-    with zf.open(info) as m:
-        version = np.lib.format.read_magic(m)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(m)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(m)
-        return shape, fortran, dtype, m.tell()
+    """(shape, fortran_order, dtype, header length) of an .npy member of the .npz ``p``.
+
+    Raises InputFormatError naming the member if it is not an .npy array."""
+    try:
+        with zf.open(info) as m:
+            version = np.lib.format.read_magic(m)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(m)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(m)
+            return shape, fortran, dtype, m.tell()
+    except (ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputFormatError(
+            f"{p}: member '{info.filename}' is not a numeric .npy array ({exc}; expected "
+            "np.savez(path, X=..., y=...))"
+        ) from None
 
 
 class _Arrays:
@@ -385,28 +412,29 @@ class _Arrays:
         self.has_y = False
         self.y_shape: tuple[int, ...] = ()
         if kind == "npy":
-            try:
-                self._X = np.load(p, mmap_mode="r", allow_pickle=False)
-            except ValueError as exc:
-                raise InputFormatError(f"{p}: not a readable .npy array ({exc})") from None
+            self._X = map_npy(p)
             self.x_shape = tuple(self._X.shape)
             self.x_dtype = self._X.dtype
         elif kind == "npz":
             try:
                 zf = zipfile.ZipFile(p)
             except zipfile.BadZipFile:
-                raise InputFormatError(f"{p}: not a valid .npz (zip) file") from None
+                why = "the file is empty" if os.path.getsize(p) == 0 else "not a zip archive"
+                raise InputFormatError(
+                    f"{p}: not an .npz file: {why}{binary_kind(p)} (expected "
+                    "np.savez(path, X=..., y=...))"
+                ) from None
             with zf:
                 xi = _npz_member(p, zf, "X")
                 if xi is None:
                     raise InputFormatError(
                         f"{p}: no array 'X' (expected np.savez(path, X=..., y=...))"
                     )
-                self.x_shape, _, self.x_dtype, _ = _npz_header(zf, xi)
+                self.x_shape, _, self.x_dtype, _ = _npz_header(p, zf, xi)
                 yi = _npz_member(p, zf, "y")
                 if yi is not None:
                     self.has_y = True
-                    self.y_shape, _, self.y_dtype, _ = _npz_header(zf, yi)
+                    self.y_shape, _, self.y_dtype, _ = _npz_header(p, zf, yi)
         else:
             import h5py
 
@@ -421,7 +449,11 @@ class _Arrays:
                         self.has_y = True
                         self.y_shape, self.y_dtype = tuple(h["y"].shape), h["y"].dtype
             except OSError as exc:
-                raise InputFormatError(f"{p}: not a readable HDF5 file ({exc})") from None
+                why = "the file is empty" if os.path.getsize(p) == 0 else f"h5py: {exc}"
+                raise InputFormatError(
+                    f"{p}: not an HDF5 file ({why}{binary_kind(p)}; expected datasets X and "
+                    "optional y, as h5py writes them)"
+                ) from None
         if len(self.x_shape) != 2:
             raise InputFormatError(
                 f"{p}: X has shape {self.x_shape} (expected a 2-D array (n_rows, n_features))"
@@ -445,7 +477,7 @@ class _Arrays:
                 return np.asarray(h[name][start:stop])
         with zipfile.ZipFile(p) as zf:
             info = zf.getinfo(name + ".npy")
-            shape, fortran, dtype, hlen = _npz_header(zf, info)
+            shape, fortran, dtype, hlen = _npz_header(p, zf, info)
             rowbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
             if fortran and len(shape) == 2:
                 # Rows are strided in column-major data: read the member whole.

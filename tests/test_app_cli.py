@@ -1,0 +1,115 @@
+"""The apps run as a user runs them: outputs checked before any work, input errors in one line,
+strict JSON summaries, and the zero-iteration case reporting true values."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.app_helpers import ONE_RANK_NOTE, run_python, strict_loads
+from tests.conftest import mpirun
+
+SMALL = {  # a few seconds each with the numba cache warm
+    "logistic_regression": ["--generate", "300,4"],
+    "kmeans": ["--generate", "300,3,3"],
+    "pagerank": ["--generate", "100,500"],
+}
+OUTPUT_FILE = {"logistic_regression": "model.npz", "kmeans": "km.npz", "pagerank": "ranks.txt"}
+
+
+@pytest.mark.parametrize(("app", "flag"), [("logistic_regression", "--output"),
+                                           ("kmeans", "--metrics"), ("pagerank", "--trace"),
+                                           ("pagerank", "--output")])
+def test_an_output_that_cannot_be_written_stops_the_app_before_any_work(
+        tmp_path: Path, app: str, flag: str) -> None:
+    bad = tmp_path / "nope" / "out.npz"
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("an earlier run's metrics\n")
+    extra = ["--metrics", str(kept)] if flag != "--metrics" else []
+    r = run_python(f"apps/{app}.py", *SMALL[app], flag, str(bad), *extra)
+    assert r.returncode == 2
+    # one line, naming the app, the flag and the path; no traceback, no iteration, no job
+    assert r.stderr == f"{app}.py: error: {flag} {bad}: directory {bad.parent} does not exist\n"
+    assert r.stdout == ""
+    assert kept.read_text() == "an earlier run's metrics\n"  # nothing truncated
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.jsonl"]
+
+
+def test_every_rank_stops_on_an_unwritable_output(tmp_path: Path) -> None:
+    bad = tmp_path / "file_not_dir"
+    bad.write_text("")
+    r = mpirun(3, "apps/kmeans.py", *SMALL["kmeans"], "--output", str(bad / "km.npz"), timeout=60)
+    assert r.returncode == 2
+    want = f"kmeans.py: error: --output {bad / 'km.npz'}: {bad} is not a directory"
+    assert r.stderr.count(want) == 1 and "Traceback" not in r.stderr
+    assert "iter" not in r.stdout
+
+
+GARBAGE = np.random.default_rng(11).integers(0, 256, 4000, dtype=np.uint8).tobytes()
+
+
+@pytest.mark.parametrize(("app", "flag", "name", "says"), [
+    ("logistic_regression", "--input", "data.svm", "not svmlight text"),
+    ("kmeans", "--init", "c0.npy", "not a numeric .npy array"),
+    ("pagerank", "--input", "graph.txt", "not an edge-list text file"),
+    ("kmeans", "--input", "X.npy", "not a numeric .npy array"),
+])
+def test_a_garbage_input_is_refused_in_one_line_before_the_run(tmp_path: Path, app: str,
+                                                               flag: str, name: str,
+                                                               says: str) -> None:
+    f = tmp_path / name
+    f.write_bytes(GARBAGE)
+    data = [] if flag == "--input" else SMALL[app]
+    r = run_python(f"apps/{app}.py", *data, flag, str(f))
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{app}.py: error: {f}: {says}")
+    assert "allow_pickle" not in r.stderr and r.stdout == ""
+
+
+def objective_and_gradient_at_zero(n: int, d: int) -> tuple[float, float]:
+    from canary.generate import logistic_data
+
+    X, y = logistic_data(n, d, 0)
+    r = 0.5 - y  # sigmoid(0) - y
+    grad = np.append(X.T @ r, r.sum()) / n
+    return math.log(2.0), float(np.linalg.norm(grad))
+
+
+@pytest.mark.parametrize("app", ["logistic_regression", "kmeans", "pagerank"])
+def test_zero_iterations_report_true_values_as_strict_json(tmp_path: Path, app: str) -> None:
+    out = tmp_path / OUTPUT_FILE[app]
+    met = tmp_path / "m.jsonl"
+    r = run_python(f"apps/{app}.py", *SMALL[app], "--max-iter", "0", "--output", str(out),
+                   "--metrics", str(met))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(ONE_RANK_NOTE)
+    summary = strict_loads(r.stdout.splitlines()[-1])
+    assert summary["iterations"] == 0 and summary["converged"] is False
+    assert met.read_text() == "" and out.exists()
+    if app == "logistic_regression":
+        obj, gnorm = objective_and_gradient_at_zero(300, 4)
+        assert summary["objective"] == pytest.approx(obj, rel=1e-13)
+        assert summary["gradient_norm"] == pytest.approx(gnorm, rel=1e-12)
+        assert not np.load(out)["coef"].any()
+    elif app == "kmeans":
+        assert summary["labels_changed"] is None and summary["center_shift"] is None
+        z = np.load(out)
+        assert summary["inertia"] == pytest.approx(float(z["inertia"]), rel=0)
+    else:
+        assert summary["l1_change"] is None and summary["rank_sum"] == pytest.approx(1.0)
+        ranks = [float(line.split()[1]) for line in out.read_text().splitlines()]
+        assert ranks == [1.0 / summary["vertices"]] * summary["vertices"]
+
+
+def test_iterations_write_strict_json_metrics_and_summary(tmp_path: Path) -> None:
+    met = tmp_path / "m.jsonl"
+    r = run_python("apps/logistic_regression.py", *SMALL["logistic_regression"], "--max-iter",
+                   "3", "--metrics", str(met), "--print-every", "0")
+    assert r.returncode == 0, r.stderr
+    rows = [strict_loads(line) for line in met.read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [1, 2, 3]
+    assert strict_loads(r.stdout.splitlines()[-1])["iterations"] == 3
