@@ -124,9 +124,10 @@ def expected_total(workers: int, ppc: int, mode: str, iters_per_task: int, itera
 
 
 def child(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
     from canary.controller.runtime import run_controller
     from canary.worker.runtime import run_worker
-    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, workers = comm.Get_rank(), comm.Get_size() - 1

@@ -51,17 +51,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import canary  # noqa: E402
 import canary.worker.execute  # noqa: E402
 from canary.controller.state import ControllerState  # noqa: E402
+from canary.messages import CONTROLLER, Callback, Finish, Resume, Send, Shutdown, Yield  # noqa: E402
+from canary.trace import Tracer, gather_and_write, trace_path  # noqa: E402
 from canary.worker.chain import CHAINS, ChainCache  # noqa: E402
 from canary.worker.config import WorkerConfig  # noqa: E402
 from canary.worker.execute import run_task  # noqa: E402
 from canary.worker.state import WorkerState  # noqa: E402
 from canary.worker.tasks import RunTask  # noqa: E402
-
-import canary  # noqa: E402
-from canary.messages import CONTROLLER, Callback, Finish, Resume, Send, Shutdown, Yield  # noqa: E402
-from canary.trace import Tracer, gather_and_write, trace_path  # noqa: E402
 
 LENGTHS_US = (0.0, 1.0, 3.0, 10.0, 20.0, 30.0, 100.0, 300.0, 1000.0)
 QUICK_LENGTHS_US = (0.0, 10.0)
@@ -211,9 +210,10 @@ def run_inproc(program: canary.Program, window: int = 64,
 # ------------------------------------------------------------------ MPI child
 def mpi_child(args: argparse.Namespace) -> int:
     """Runs under mpiexec: every point of the sweep as its own job on a duplicated communicator."""
+    from mpi4py import MPI
+
     from canary.controller.runtime import run_controller
     from canary.worker.runtime import run_worker
-    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, workers = comm.Get_rank(), comm.Get_size() - 1

@@ -16,17 +16,20 @@ from __future__ import annotations
 import heapq
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from canary.controller.balance import ChaosPolicy
 from canary.controller.state import ControllerState
 from canary.messages import (
     CONTROLLER,
     Callback,
     Fail,
     Finish,
+    MoveRequest,
     Piece,
     PieceBatch,
     ReportPart,
@@ -34,6 +37,7 @@ from canary.messages import (
     Send,
     Shutdown,
     TaskDone,
+    Tick,
     local_event_id,
     worker_rank,
 )
@@ -47,7 +51,9 @@ from canary.worker.tasks import K_LOAD, RunTask
 
 def validate_cluster(ctrl: ControllerState, states: list[WorkerState]) -> None:
     """Cross-role invariant: every partition of every dataset is held by exactly one worker,
-    the owner that the controller's map names, at the controller's entry version.
+    the owner that the controller's map names, at the controller's entry version; a partition
+    under way is held by its source or its destination, or by neither while its values are on
+    the wire (a frozen placeholder waiting for them holds nothing).
 
     Raises AssertionError naming the partition. Checked only once placement has reached every
     worker (before that, workers hold nothing).
@@ -55,17 +61,26 @@ def validate_cluster(ctrl: ControllerState, states: list[WorkerState]) -> None:
     if ctrl.map is None or any(s.map is None for s in states):
         return
     program = ctrl.program
+    moving = {(g, i): (src, dst) for g, i, src, dst, _ in ctrl.in_flight.values()}
     held: dict[tuple[int, int], int] = {}
     for s in states:
-        for key in s.parts:
+        for key, p in s.parts.items():
+            if p.frozen:
+                continue
             assert key not in held, f"partition {key} held by workers {held[key]} and {s.worker}"
             held[key] = s.worker
     for d in program.datasets:
         g = program.group_of(d)
         for i in range(d.partitions):
+            holder = held.get((d.id, i))
+            if (g, i) in moving:
+                assert holder is None or holder in moving[(g, i)], (
+                    f"partition {i} of '{d.name}' is held by {holder} during its move "
+                    f"{moving[(g, i)]}")
+                continue
             owner = ctrl.map.owner(g, i)
-            assert held.get((d.id, i)) == owner, (
-                f"partition {i} of '{d.name}' is held by {held.get((d.id, i))}, map says {owner}")
+            assert holder == owner, (
+                f"partition {i} of '{d.name}' is held by {holder}, map says {owner}")
             w = states[owner]
             assert w.map is not None and w.map.version(g, i) == ctrl.map.version(g, i), (
                 f"worker {owner} holds partition {i} of '{d.name}' at another map version")
@@ -83,6 +98,9 @@ def run_local(
     max_fused: int = 1024,
     shuffle_ready: bool = False,
     config: WorkerConfig | None = None,
+    chaos: int | None = None,
+    inject: Callable[[ControllerState, list[WorkerState]], Sequence[tuple[int, int, int]]]
+    | None = None,
 ) -> JobResult:
     """Run ``program`` on ``workers`` simulated workers; return the job's result.
 
@@ -91,12 +109,17 @@ def run_local(
     every worker is done), which would be an engine bug. ``validate=True`` checks every state's
     invariants and the cross-role invariant after each event. ``window`` and ``max_fused``
     (below 2: no fusion) set the workers' :class:`WorkerConfig`, or ``config`` gives all of it.
+    ``chaos=SEED`` moves random partitions to random workers at random moments (seeded; the
+    controller's :class:`canary.controller.balance.ChaosPolicy`): the answer must not change.
+    ``inject(controller, workers)`` (tests) is called after every event and returns moves
+    ``(group, index, dest)`` to request at that moment.
     """
     program.finalize()
     rng = random.Random(seed)
     if config is None:
         config = WorkerConfig(window=window, max_fused=max_fused)
-    ctrl = ControllerState(program, workers)
+    ctrl = ControllerState(program, workers,
+                           None if chaos is None else ChaosPolicy(chaos, every=0.0, moves=2))
     states = [WorkerState(program, w, workers, replace(
         config, adapt_fused=False, ready_order_seed=seed * 1009 + w if shuffle_ready else None))
         for w in range(workers)]
@@ -160,18 +183,33 @@ def run_local(
                     ins.fn(ins.event)
                 elif isinstance(ins, (Finish, Fail)):
                     outcome.append(ins)
+                # Progress lines (a partition moved) are for a person: not printed here
             if validate:
                 ctrl.validate_state()
+            if chaos is not None and not isinstance(item, Tick) and rng.random() < 0.2:
+                push(now + rng.expovariate(1.0 / mean_delay), CONTROLLER,
+                     Tick(local_event_id(CONTROLLER, counter + 1), now))
         else:
             w = abs(dest) - 1  # dest < 0: the worker's own event (a task done, a resume)
             apply_worker(w, states[w].handle(item))
             if validate:
                 states[w].validate_state()
+            if chaos is not None and rng.random() < 0.02:  # a move may start at any moment
+                push(now, CONTROLLER, Tick(local_event_id(CONTROLLER, counter + 1), now))
         if validate:
             validate_cluster(ctrl, states)
+        if inject is not None and ctrl.map is not None and not outcome:
+            moves = tuple(inject(ctrl, states))
+            if moves:
+                push(now, CONTROLLER, MoveRequest(local_event_id(CONTROLLER, counter + 1), moves,
+                                                  "injected"))
     if not outcome:
-        stuck = [(s.worker, s.pc, s.seq, len(s.tasks)) for s in states]
-        raise RuntimeError(f"run_local: job stopped making progress (worker, pc, seq, tasks): {stuck}")
+        stuck = "; ".join(
+            f"worker {s.worker}: pc {s.pc}, seq {s.seq}, {len(s.tasks)} task(s), waiting for "
+            f"signal {s.await_seq}, moves out {sorted(s.moves_out)}, in {sorted(s.moves_in)}, "
+            f"cuts {s._cuts}, done {s.done_sent}" for s in states)
+        raise RuntimeError(f"run_local: job stopped making progress (an engine bug): {stuck}; "
+                           f"controller: moving {ctrl.in_flight}, done {sorted(ctrl.done)}")
     if isinstance(outcome[0], Fail):
         raise outcome[0].error(outcome[0].reason)
     worker_sent: dict[str, int] = {}
@@ -179,4 +217,5 @@ def run_local(
         for k, v in s.sent.items():
             worker_sent[k] = worker_sent.get(k, 0) + v
     return JobResult(ctrl.results, ctrl.tasks_run, workers, time.perf_counter() - t0,
-                     dict(ctrl.received), dict(ctrl.sent), 0.0, worker_sent)
+                     dict(ctrl.received), dict(ctrl.sent), 0.0, worker_sent, ctrl.migrations,
+                     ctrl.bytes_migrated)

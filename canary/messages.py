@@ -136,6 +136,17 @@ class ReportPart(Message):
     __eq__ = _fields_equal
 
 
+@dataclass(slots=True)
+class MigrateDone(Message):
+    """Destination to controller: the partition of ``move`` is installed here (``nbytes`` of
+    values arrived); the controller may move it again."""
+
+    eid: int
+    move: int
+    worker: int
+    nbytes: int
+
+
 # ------------------------------------------------------------------ controller -> worker
 @dataclass(slots=True)
 class Placement(Message):
@@ -160,7 +171,78 @@ class Abort(Message):
     reason: str
 
 
+@dataclass(slots=True)
+class MigrateOut(Message):
+    """To the source: move partition ``index`` of every dataset of co-location group ``group``
+    to worker ``dest`` (0-based). ``move`` numbers the move within the job. The map update that
+    names ``dest`` as the owner goes to every worker too; the source and the destination apply
+    that entry when the move reaches them (this message, :class:`MigrateOffer`), not before."""
+
+    eid: int
+    move: int
+    group: int
+    index: int
+    dest: int
+    version: int  # the entry's version once moved
+
+
 # ------------------------------------------------------------------ worker -> worker
+@dataclass(slots=True)
+class MigrateOffer(Message):
+    """Source to destination: ``source`` (0-based) will hand over the partition of ``move``;
+    it has emitted the stage instances before ``seq`` and stopped emitting until it hears the
+    cut (see :class:`MigrateAccept`)."""
+
+    eid: int
+    move: int
+    group: int
+    index: int
+    source: int
+    seq: int
+    version: int  # the entry's version with the destination as owner
+
+
+@dataclass(slots=True)
+class MigrateAccept(Message):
+    """Destination to source: the source runs every stage instance before ``cut`` on the moving
+    partition, the destination every one from ``cut`` on (``cut`` is the later of the two
+    workers' positions, so neither has emitted an instance the other must run)."""
+
+    eid: int
+    move: int
+    cut: int
+
+
+@dataclass(slots=True)
+class MigrateData(Message):
+    """Source to destination, once every task before the cut is done: the metadata of the
+    moving partitions (``last_seqs[k]``: the last stage instance that accessed dataset
+    ``datasets[k]``'s partition) and which of them carry a value, each then following in a
+    :class:`MigrateArray`."""
+
+    eid: int
+    move: int
+    group: int
+    index: int
+    cut: int
+    datasets: tuple[int, ...]
+    last_seqs: tuple[int, ...]
+    valued: tuple[int, ...]
+
+
+@dataclass(slots=True, eq=False)
+class MigrateArray(Message):
+    """One moving partition's value (a raw buffer on the wire when large; the source gives it
+    up, so it is not copied to be sent)."""
+
+    eid: int
+    move: int
+    dataset: int
+    array: np.ndarray
+
+    __eq__ = _fields_equal
+
+
 @dataclass(slots=True, eq=False)
 class Piece(Message):
     """Scatter output from source partition ``src`` of stage instance ``seq``.
@@ -229,6 +311,26 @@ class TaskFailed(Message):
 
 
 @dataclass(slots=True)
+class Tick(Message):
+    """Controller: the runtime's clock, ``now`` seconds since the job started (the balancing
+    policy acts on it)."""
+
+    eid: int
+    now: float
+
+
+@dataclass(slots=True)
+class MoveRequest(Message):
+    """Controller: move partition ``index`` of group ``group`` to worker ``dest`` for each
+    ``(group, index, dest)`` of ``moves`` (tests and scripted experiments; ``reason`` goes in
+    the progress line)."""
+
+    eid: int
+    moves: tuple[tuple[int, int, int], ...]
+    reason: str = "requested"
+
+
+@dataclass(slots=True)
 class Resume(Message):
     """Go on after a :class:`Yield` instruction (see :class:`canary.worker.state.WorkerState`)."""
 
@@ -274,6 +376,16 @@ class Callback(Instruction):
 class Finish(Instruction):
     """Controller: the job is complete."""
 
+    cause: int = 0
+
+    __eq__ = _fields_equal
+
+
+@dataclass(slots=True, eq=False)
+class Progress(Instruction):
+    """Controller: print ``line`` on rank 0 (a partition moved, a worker makes no progress)."""
+
+    line: str
     cause: int = 0
 
     __eq__ = _fields_equal

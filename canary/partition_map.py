@@ -43,6 +43,11 @@ class PartitionMap:
                 owners.append([i * n_workers // p for i in range(p)])
         return cls(n_workers, owners, [[1] * len(o) for o in owners])
 
+    def copy(self) -> PartitionMap:
+        """A copy sharing nothing with this map (what a message carries)."""
+        return PartitionMap(self.n_workers, [list(o) for o in self.owners],
+                            [list(v) for v in self.versions])
+
     def owner(self, group: int, index: int) -> int:
         return self.owners[group][index]
 
@@ -54,7 +59,7 @@ class PartitionMap:
         return [i for i, w in enumerate(self.owners[group]) if w == worker]
 
     def move(self, group: int, index: int, worker: int) -> None:
-        """Reassign an entry and bump its version (migration, later)."""
+        """Reassign an entry and bump its version (a migration)."""
         if not 0 <= worker < self.n_workers:
             raise ValueError(f"no worker {worker} (job has {self.n_workers})")
         self.owners[group][index] = worker

@@ -19,6 +19,8 @@ class JobResult:
     controller_sent: dict[str, int] = field(default_factory=dict)
     controller_cpu_seconds: float = 0.0
     worker_sent: dict[str, int] = field(default_factory=dict)
+    migrations: int = 0  # partitions moved between workers while the job ran
+    bytes_migrated: int = 0  # bytes of partition values those moves carried
 
     def value(self, name: str) -> np.ndarray:
         """The single partition of reported one-partition dataset ``name``."""

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from canary.messages import Piece, PieceBatch, ReportPart, Signal
+from canary.messages import MigrateArray, Piece, PieceBatch, ReportPart, Signal
 
-_OTHER, _PIECE, _SIGNAL, _REPORT, _BATCH = 0, 1, 2, 3, 4
+_OTHER, _PIECE, _SIGNAL, _REPORT, _BATCH, _MIGRATE = 0, 1, 2, 3, 4, 5
 
 
 def _raw_ok(arr: Any) -> bool:
@@ -36,7 +36,8 @@ def _raw_ok(arr: Any) -> bool:
 def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
     """``(payload, buffer)``: what to pickle as the header, and the array to send raw behind it
     (None if nothing follows). ``msg`` is not modified; the buffer is a private copy, so a later
-    in-place kernel cannot change data in flight."""
+    in-place kernel cannot change data in flight, except a :class:`MigrateArray`'s, which its
+    sender no longer holds."""
     t = type(msg)
     if t is Signal:
         return (_SIGNAL, msg.eid, msg.seq, msg.value), None
@@ -52,13 +53,16 @@ def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
                                        for p in pieces),
                 arr0.dtype.str, arr0.shape,
                 bytearray().join([p.array.tobytes() for p in pieces])), None
-    if t is Piece or t is ReportPart:
+    if t is Piece or t is ReportPart or t is MigrateArray:
         arr = msg.array
         if not _raw_ok(arr):
             return (_OTHER, msg), None
         buf: np.ndarray | None = None
         if arr.nbytes > inline_limit:
-            buf = np.array(arr, copy=True, order="C")
+            # a migrating partition is given up by its sender: no private copy (a moved
+            # partition can be most of a worker's memory)
+            buf = (np.ascontiguousarray(arr) if t is MigrateArray
+                   else np.array(arr, copy=True, order="C"))
             data: bytearray | None = None
         else:
             data = bytearray(arr.tobytes())  # C order; a bytearray unpickles writable
@@ -66,6 +70,8 @@ def pack(msg: Any, inline_limit: int) -> tuple[Any, np.ndarray | None]:
         if t is Piece:
             return (_PIECE, msg.eid, msg.seq, msg.dataset, msg.src, msg.dsts, msg.versions,
                     head), buf
+        if t is MigrateArray:
+            return (_MIGRATE, msg.eid, msg.move, msg.dataset, head), buf
         return (_REPORT, msg.eid, msg.seq, msg.stage, msg.iteration, msg.index, msg.tasks,
                 msg.seconds, head), buf
     return (_OTHER, msg), None
@@ -95,6 +101,9 @@ def unpack(payload: Any) -> tuple[Any, tuple[np.dtype, tuple[int, ...]] | None]:
     elif tag == _REPORT:
         _, eid, seq, stage, iteration, index, tasks, seconds, _h = payload
         msg = ReportPart(eid, seq, stage, iteration, index, arr, tasks, seconds)
+    elif tag == _MIGRATE:
+        _, eid, move, dataset, _h = payload
+        msg = MigrateArray(eid, move, dataset, arr)
     else:
         raise ValueError(f"unknown message tag {tag!r} in {payload!r:.200}")
     return msg, (None if data is not None else (dtype, tuple(shape)))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
-from canary.controller.state import ControllerState
 from mpi4py import MPI
 
+from canary.controller.state import ControllerState
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.messages import Callback, Fail, Finish, ReportPart, Send

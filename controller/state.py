@@ -21,10 +21,15 @@ from canary.messages import (
     Failed,
     Finish,
     Hello,
+    MigrateDone,
+    MigrateOut,
+    MoveRequest,
     Placement,
+    Progress,
     ReportPart,
     Send,
     Shutdown,
+    Tick,
     worker_rank,
 )
 from canary.partition_map import PartitionMap
@@ -35,12 +40,18 @@ class ControllerState:
     """Controller of ``n_workers`` workers running ``program``.
 
     Contract: instructions are :class:`Send`, :class:`Callback` (a report is complete),
-    :class:`Finish` (all workers done; exactly once) and :class:`Fail` (abort with a reason and
-    the error to raise: :class:`TaskError` for a failed task, :class:`ProgramMismatchError` for
-    a worker that declared another program; at most once, after which events are ignored).
+    :class:`Progress` (a line for the user), :class:`Finish` (all workers done and no partition
+    moving; exactly once) and :class:`Fail` (abort with a reason and the error to raise:
+    :class:`TaskError` for a failed task, :class:`ProgramMismatchError` for a worker that
+    declared another program; at most once, after which events are ignored).
+
+    Moves: a :class:`MoveRequest`, or the ``policy`` on a :class:`Tick`, names partitions to
+    move. For each, the controller bumps the entry's version, sends the map update to every
+    worker and :class:`MigrateOut` to the source, and counts the partition as moving until the
+    destination's :class:`MigrateDone`; a moving partition is not moved again before that.
     """
 
-    def __init__(self, program: Program, n_workers: int) -> None:
+    def __init__(self, program: Program, n_workers: int, policy: Any = None) -> None:
         if n_workers < 1:
             raise ValueError(
                 f"a job needs at least one worker (rank 0 is the controller): launch with "
@@ -60,6 +71,11 @@ class ControllerState:
         self.sent: dict[str, int] = {}
         self._eid = 0
         self._cause = 0  # eid of the message being handled
+        self.policy = policy  # decides moves on each Tick (see canary.controller.balance)
+        self.in_flight: dict[int, tuple[int, int, int, int, str]] = {}  # move -> g, i, src, dst, why
+        self.migrations = 0
+        self.bytes_migrated = 0
+        self._moves = 0
 
     def handle(self, event: Any) -> list[Any]:
         """Apply one message from a worker; return instructions, each carrying the message's
@@ -75,13 +91,19 @@ class ControllerState:
             return self._on_report(event)
         if isinstance(event, Done):
             self.done[event.worker] = event
-            if len(self.done) == self.n_workers:
-                self.finished = True
-                return [self._send(worker_rank(w), Shutdown(self._next_eid()))
-                        for w in range(self.n_workers)] + [Finish(self._cause)]
-            return []
+            return self._finish_if_done()
         if isinstance(event, Failed):
             return self._fail(event.message, TaskError)
+        if isinstance(event, MigrateDone):
+            return self._on_migrate_done(event)
+        if isinstance(event, Tick):
+            if self.policy is None or self.map is None or len(self.done) == self.n_workers:
+                return []
+            return self._move(self.policy.decide(event.now, self))
+        if isinstance(event, MoveRequest):
+            if self.map is None:
+                raise ValueError("no partition can move before the job is placed")
+            return self._move([(g, i, d, event.reason) for g, i, d in event.moves])
         raise TypeError(f"controller cannot handle {event!r}")
 
     @property
@@ -92,7 +114,62 @@ class ControllerState:
         if self.map is not None:
             self.map.validate_state()
             assert len(self.map.owners) == len(self.program.groups)
+            for g, i, _, dst, _ in self.in_flight.values():
+                assert self.map.owner(g, i) == dst, f"move of ({g},{i}) disagrees with the map"
+        assert len({(g, i) for g, i, *_ in self.in_flight.values()}) == len(self.in_flight)
         assert len(self.done) <= self.n_workers
+        assert not self.finished or not self.in_flight
+
+    def moving(self, group: int, index: int) -> bool:
+        """Whether partition ``index`` of ``group`` is under way (it may not move again yet)."""
+        return any(g == group and i == index for g, i, *_ in self.in_flight.values())
+
+    # ------------------------------------------------------------------------
+    def _move(self, moves: list[tuple[int, int, int, str]]) -> list[Any]:
+        """Start the moves that are possible now (skipping a partition already moving or
+        already at its destination); raises ValueError for a group, index or worker that does
+        not exist."""
+        assert self.map is not None
+        out: list[Any] = []
+        started: list[tuple[int, int, int, int, int]] = []
+        for g, i, dest, why in moves:
+            if not (0 <= g < len(self.map.owners) and 0 <= i < len(self.map.owners[g])):
+                raise ValueError(f"no partition {i} of group {g}")
+            if not 0 <= dest < self.n_workers:
+                raise ValueError(f"no worker {dest} (the job has {self.n_workers})")
+            src = self.map.owner(g, i)
+            if src == dest or self.moving(g, i):
+                continue
+            self._moves += 1
+            self.map.move(g, i, dest)
+            self.in_flight[self._moves] = (g, i, src, dest, why)
+            started.append((self._moves, g, i, src, dest))
+        if not started:
+            return out
+        update = self.map.copy()
+        out += [self._send(worker_rank(w), Placement(self._next_eid(), update.copy()))
+                for w in range(self.n_workers)]
+        out += [self._send(worker_rank(src), MigrateOut(self._next_eid(), move, g, i, dest,
+                                                        self.map.version(g, i)))
+                for move, g, i, src, dest in started]
+        return out
+
+    def _on_migrate_done(self, ev: MigrateDone) -> list[Any]:
+        g, i, src, dst, why = self.in_flight.pop(ev.move)
+        self.migrations += 1
+        self.bytes_migrated += ev.nbytes
+        names = ", ".join(d.name for d in self.program.groups[g])
+        out: list[Any] = [Progress(f"canary: moved partition {i} of {names} from worker {src} to "
+                                   f"worker {dst} ({ev.nbytes / 2**20:.1f} MiB): {why}",
+                                   self._cause)]
+        return out + self._finish_if_done()
+
+    def _finish_if_done(self) -> list[Any]:
+        if len(self.done) < self.n_workers or self.in_flight:
+            return []
+        self.finished = True
+        return [self._send(worker_rank(w), Shutdown(self._next_eid()))
+                for w in range(self.n_workers)] + [Finish(self._cause)]
 
     # ------------------------------------------------------------------------
     def _on_hello(self, ev: Hello) -> list[Any]:
@@ -104,7 +181,7 @@ class ControllerState:
             return []
         self.map = PartitionMap.initial([g[0].partitions for g in self.program.groups],
                                         self.n_workers)
-        return [self._send(worker_rank(w), Placement(self._next_eid(), self.map))
+        return [self._send(worker_rank(w), Placement(self._next_eid(), self.map.copy()))
                 for w in range(self.n_workers)]
 
     def _on_report(self, ev: ReportPart) -> list[Any]:

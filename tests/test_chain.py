@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import canary.worker.execute
 import numba
 import numpy as np
 import pytest
-from canary.worker.chain import ChainCache, split_period
 
 import canary
+import canary.worker.execute
 from canary import Program, TaskError
+from canary.worker.chain import ChainCache, split_period
 
 
 @numba.njit(cache=True)

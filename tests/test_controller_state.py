@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from canary.controller.state import ControllerState
 
+from canary.controller.state import ControllerState
 from canary.errors import ProgramMismatchError, TaskError
 from canary.messages import (
     Abort,

@@ -162,11 +162,10 @@ def test_scatter_may_return_a_numba_typed_list() -> None:
 
 def test_cluster_invariant_catches_a_partition_held_twice() -> None:
     from canary.controller.state import ControllerState
-    from canary.worker.state import Partition, WorkerState
-
     from canary.local_runner import validate_cluster
     from canary.messages import Placement
     from canary.partition_map import PartitionMap
+    from canary.worker.state import Partition, WorkerState
 
     p = shuffle_program().finalize()
     sizes = [g[0].partitions for g in p.groups]

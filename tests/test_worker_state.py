@@ -11,22 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from canary.worker.config import WorkerConfig
-from canary.worker.execute import run_task
-from canary.worker.fusion import stretch_budget
-from canary.worker.state import WorkerState
-from canary.worker.tasks import (
-    K_COMPUTE,
-    K_FUSED,
-    K_GATHER,
-    K_LOAD,
-    K_REPORT,
-    K_SCATTER,
-    K_SIGNAL,
-    RunTask,
-    Task,
-    is_urgent,
-)
 
 from canary.messages import (
     Done,
@@ -45,6 +29,22 @@ from canary.messages import (
 )
 from canary.partition_map import PartitionMap
 from canary.program import Program
+from canary.worker.config import WorkerConfig
+from canary.worker.execute import run_task
+from canary.worker.fusion import stretch_budget
+from canary.worker.state import WorkerState
+from canary.worker.tasks import (
+    K_COMPUTE,
+    K_FUSED,
+    K_GATHER,
+    K_LOAD,
+    K_REPORT,
+    K_SCATTER,
+    K_SIGNAL,
+    RunTask,
+    Task,
+    is_urgent,
+)
 
 SMALL = WorkerConfig().urgent_max_bytes
 

@@ -13,10 +13,9 @@ import random
 from collections import deque
 from typing import Any
 
+from canary.program import WRITE, Stage
 from canary.worker.core import WorkerCore
 from canary.worker.tasks import K_GATHER, K_SIGNAL, RunTask, Task, is_urgent
-
-from canary.program import WRITE, Stage
 
 
 class AccessQueues(WorkerCore):

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from canary.worker.config import WorkerConfig
-from canary.worker.tasks import Partition, Task
 
 from canary.messages import Piece, PieceBatch, Send, Signal, TaskDone, Yield
 from canary.partition_map import PartitionMap
 from canary.program import Program, Stage
+from canary.worker.config import WorkerConfig
+from canary.worker.tasks import Partition, Task
 
 # Messages other workers wait for: once one is decided, the interpreter emits nothing more before
 # it has left (see Interpreter._advance: it yields).
@@ -80,13 +80,21 @@ class WorkerCore:
 
     # ---- data moves (DataMoves)
     gathers: dict[tuple[int, int], Task]  # (seq, dst partition) -> its gather task
-    early: dict[tuple[int, int], dict[int, np.ndarray]]  # pieces that came before their gather
+    early: dict[tuple[int, int, int], dict[int, np.ndarray]]  # (seq, dataset, j): before gather
     held: list[Piece]  # pieces routed by a placement this worker has not seen yet
     _scatters_left: dict[int, int]  # seq -> local scatter tasks not yet run (batching)
     _batches: dict[int, dict[int, list[Piece]]]  # seq -> worker -> pieces kept for one message
     _batchable: dict[int, frozenset[int]]
     _inline: list[Task]  # ready small moves, completed by DataMoves._drain
     inline_run: int
+
+    # ---- moves (Migration)
+    moves_out: dict[int, Any]  # move -> MoveOut: partitions this worker hands over
+    moves_in: dict[int, Any]  # move -> MoveIn: partitions it takes over, until installed
+    _moving: dict[tuple[int, int], Any]  # (group, index) under way -> its move
+    _hold_emission: int  # offers waiting for their cut
+    _cuts: list[tuple[int, int, int, int, bool]]  # (cut, move, group, index, starts), sorted
+    migrated_in_bytes: int
 
     # ---- progress, counts and the log
     tasks_run: int
@@ -147,4 +155,23 @@ class WorkerCore:
         raise NotImplementedError
 
     def _is_inline_move(self, t: Task) -> bool:  # DataMoves
+        raise NotImplementedError
+
+    def _deliver(self, seq: int, dataset: int, j: int, src: int, array: np.ndarray,
+                 out: list[Any]) -> None:  # DataMoves
+        raise NotImplementedError
+
+    def _on_piece(self, ev: Piece, out: list[Any]) -> None:  # DataMoves
+        raise NotImplementedError
+
+    def _route_moving(self, ev: Piece, j: int, mv: Any, out: list[Any]) -> None:  # Migration
+        raise NotImplementedError
+
+    def _owner_for(self, g: int, j: int, seq: int) -> int:  # Migration
+        raise NotImplementedError
+
+    def _switch_at_cuts(self, out: list[Any]) -> None:  # Migration
+        raise NotImplementedError
+
+    def _next_cut(self, g: int) -> int | None:  # Migration
         raise NotImplementedError

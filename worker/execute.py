@@ -15,6 +15,8 @@ from time import perf_counter
 from typing import Any
 
 import numpy as np
+
+from canary.messages import TaskDone, TaskFailed
 from canary.worker.chain import CHAINS, is_compile_error
 from canary.worker.state import WorkerState
 from canary.worker.tasks import (
@@ -27,8 +29,6 @@ from canary.worker.tasks import (
     Stretch,
     Task,
 )
-
-from canary.messages import TaskDone, TaskFailed
 
 
 class ResultError(TypeError):

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from canary.program import OP_STAGE, WRITE, Stage
 from canary.worker.config import WorkerConfig
 from canary.worker.core import WorkerCore
 from canary.worker.interpreter import _LOOP_CONTROL, loop_control
 from canary.worker.tasks import K_FUSED, Stretch, Task
-
-from canary.program import OP_STAGE, WRITE, Stage
 
 
 class Fusion(WorkerCore):
@@ -58,7 +57,11 @@ class Fusion(WorkerCore):
             if len(idxs) > 1 or len(self._stretch(g, 2)[0]) > 1:
                 return None
             return False  # a lone task: nothing to wait for
-        instances, datasets, pc, counters = self._stretch(g, max(1, self.max_fused // len(idxs)))
+        limit = max(1, self.max_fused // len(idxs))
+        cut = self._next_cut(g) if self._cuts else None
+        if cut is not None:  # a move changes this group's local partitions at the cut
+            limit = min(limit, cut - self.seq)
+        instances, datasets, pc, counters = self._stretch(g, limit)
         if len(instances) * len(idxs) < 2:
             return False
         seq0 = self.seq
@@ -75,7 +78,7 @@ class Fusion(WorkerCore):
             self.log.append((self._cause, "emit", seq0, last_seq, -1, st0.id, 0))
         acc = tuple((p, WRITE) for row in parts for p in row.values())
         t = Task(self._tid, last_seq, st0, K_FUSED, idxs[0], instances[0][1], acc)
-        t.stretch = Stretch(fused, idxs, parts)
+        t.stretch = Stretch(fused, list(idxs), parts)
         self._tid += 1
         self.tasks[t.tid] = t
         for p, _ in acc:

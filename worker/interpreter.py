@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from canary.worker.core import WorkerCore
-from canary.worker.tasks import K_COMPUTE, K_GATHER, K_LOAD, K_REPORT, K_SCATTER, K_SIGNAL, Task
-
 from canary.messages import CONTROLLER, Done
 from canary.program import (
     COMPUTE,
@@ -33,6 +30,8 @@ from canary.program import (
     SIGNAL,
     Stage,
 )
+from canary.worker.core import WorkerCore
+from canary.worker.tasks import K_COMPUTE, K_GATHER, K_LOAD, K_REPORT, K_SCATTER, K_SIGNAL, Task
 
 _KIND_OF = {LOAD: K_LOAD, COMPUTE: K_COMPUTE, REPORT: K_REPORT, SIGNAL: K_SIGNAL}
 _LOOP_CONTROL = frozenset((OP_NEXT, OP_FOR, OP_PUSH, OP_JUMP))
@@ -63,11 +62,13 @@ class Interpreter(WorkerCore):
             op = ops[self.pc]
             code = op[0]
             if code == OP_STAGE:
-                if len(self.live) >= self.window:
+                if len(self.live) >= self.window or self._hold_emission:
                     break
                 if self._hurry:
                     self._emit_pending = True
                     break
+                if self._cuts and self._cuts[0][0] <= self.seq:
+                    self._switch_at_cuts(out)
                 st = stages[op[1]]
                 if st.kind == COMPUTE and self.max_fused > 1:
                     fused = self._fuse(out)
@@ -100,6 +101,8 @@ class Interpreter(WorkerCore):
                     break
                 self.pc = self.pc + 1 if value else op[2]
             elif code == OP_END:
+                if self._cuts and self._cuts[0][0] <= self.seq:  # a move's cut at the very end
+                    self._switch_at_cuts(out)
                 self.ended = True
                 if not self.live and not self.done_sent:
                     self.done_sent = True
@@ -112,11 +115,13 @@ class Interpreter(WorkerCore):
     def _await_signal(self, stage: Stage, out: list[Any]) -> bool | None:
         """Emit the signal instance on first visit; return its value once known, else None."""
         if self.await_seq is None:
-            if len(self.live) >= self.window:
+            if len(self.live) >= self.window or self._hold_emission:
                 return None
             if self._hurry:
                 self._emit_pending = True
                 return None
+            if self._cuts and self._cuts[0][0] <= self.seq:
+                self._switch_at_cuts(out)
             self.await_seq = self.seq
             self._emit(stage, out)
         value = self.signals.pop(self.await_seq, None)
@@ -144,7 +149,7 @@ class Interpreter(WorkerCore):
             dst_local = self.local[self._group[st.dst.id]]
             for j in dst_local:
                 t = self._new_task(seq, st, K_GATHER, j, it, None)
-                t.pieces = self.early.pop((seq, j), {})
+                t.pieces = self.early.pop((seq, st.dst.id, j), {})
                 t.waiting += len(st.sources[j]) - len(t.pieces)
                 self.gathers[(seq, j)] = t
                 self._pump_task(t, out)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from canary.worker.core import WorkerCore
-from canary.worker.tasks import K_COMPUTE, K_FUSED, K_GATHER, K_SCATTER, Task
 
 from canary.messages import Piece, PieceBatch, TaskDone, worker_rank
 from canary.partition_map import ACCEPT, HOLD, route_incoming
 from canary.program import Stage
+from canary.worker.core import WorkerCore
+from canary.worker.tasks import K_COMPUTE, K_FUSED, K_GATHER, K_SCATTER, Task
 
 
 class DataMoves(WorkerCore):
@@ -24,7 +24,8 @@ class DataMoves(WorkerCore):
 
     def _init_moves(self) -> None:
         self.gathers: dict[tuple[int, int], Task] = {}  # (seq, dst partition) -> gather task
-        self.early: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # pieces before the gather
+        # (seq, dataset, dst partition) -> pieces that came before their gather
+        self.early: dict[tuple[int, int, int], dict[int, np.ndarray]] = {}
         self.held: list[Piece] = []  # pieces routed by a placement this worker has not seen
         # Batching small remote pieces (see _scatter): seq -> local scatter tasks not yet run,
         # and seq -> destination worker -> the pieces kept for it until the last of them ran.
@@ -42,10 +43,20 @@ class DataMoves(WorkerCore):
         if self.log is not None:
             self.log.append((self._cause, "recv", ev.seq, ev.seq, -1, ev.src, ev.eid))
         g = self._group[ev.dataset]
+        moving = self._moving
         for j, ver in zip(ev.dsts, ev.versions):
+            if moving:
+                mv = moving.get((g, j))
+                if mv is not None:  # under way: its stage instance decides (see migration)
+                    self._route_moving(ev, j, mv, out)
+                    continue
             action = route_incoming(self.worker, self.map.owner(g, j), self.map.version(g, j), ver)
+            if action == ACCEPT and (ev.dataset, j) not in self.parts:
+                # the map names this worker, but the move that brings the partition has not
+                # begun here: keep the piece until it has
+                action = HOLD
             if action == ACCEPT:
-                self._deliver(ev.seq, j, ev.src, ev.array, out)
+                self._deliver(ev.seq, ev.dataset, j, ev.src, ev.array, out)
             elif action == HOLD:
                 self.held.append(Piece(ev.eid, ev.seq, ev.dataset, ev.src, (j,), (ver,), ev.array))
             else:
@@ -57,11 +68,11 @@ class DataMoves(WorkerCore):
         for piece in ev.pieces:
             self._on_piece(piece, out)
 
-    def _deliver(self, seq: int, j: int, src: int, array: np.ndarray,
+    def _deliver(self, seq: int, dataset: int, j: int, src: int, array: np.ndarray,
                  out: list[Any]) -> None:
         t = self.gathers.get((seq, j))
         if t is None:
-            self.early.setdefault((seq, j), {})[src] = array
+            self.early.setdefault((seq, dataset, j), {})[src] = array
             return
         assert t.pieces is not None
         if src in t.pieces:
@@ -77,6 +88,8 @@ class DataMoves(WorkerCore):
         assert st.dst is not None and self.map is not None
         g = self._group[st.dst.id]
         owners = self.map.owners[g]
+        if self._moving:  # a partition under way belongs to whoever runs this instance on it
+            owners = [self._owner_for(g, j, task.seq) for j in range(len(owners))]
         versions = self.map.versions[g]
         targets = st.targets[task.part]
         # Remote pieces leave before local ones are delivered: another worker waits on them,
@@ -119,7 +132,7 @@ class DataMoves(WorkerCore):
                     self._send_out(worker_rank(w), kept[0] if len(kept) == 1
                                    else PieceBatch(self._next_eid(), tuple(kept)), out)
         for j, piece in local:
-            self._deliver(task.seq, j, task.part, piece, out)
+            self._deliver(task.seq, st.dst.id, j, task.part, piece, out)
 
     def _batchable_dsts(self, st: Stage) -> frozenset[int]:
         """The destination partitions of ``st`` whose gathers need a piece from every source

@@ -11,11 +11,6 @@ import time
 from itertools import count
 from typing import Any
 
-from canary.worker.chain import CHAINS
-from canary.worker.config import WorkerConfig
-from canary.worker.execute import run_task
-from canary.worker.state import WorkerState
-from canary.worker.tasks import K_FUSED, K_SIGNAL, RunTask, Task
 from mpi4py import MPI
 
 from canary.errors import JobAborted, TaskError
@@ -24,6 +19,11 @@ from canary.messages import Abort, Resume, Send, Shutdown, TaskDone, TaskFailed,
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
+from canary.worker.chain import CHAINS
+from canary.worker.config import WorkerConfig
+from canary.worker.execute import run_task
+from canary.worker.state import WorkerState
+from canary.worker.tasks import K_FUSED, K_SIGNAL, RunTask, Task
 
 
 def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = None,

@@ -21,27 +21,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from canary.worker.access import AccessQueues
-from canary.worker.config import WorkerConfig
-from canary.worker.fusion import Fusion
-from canary.worker.interpreter import Interpreter
-from canary.worker.moves import GATHERS, DataMoves
-from canary.worker.tasks import (
-    K_COMPUTE,
-    K_FUSED,
-    K_GATHER,
-    K_LOAD,
-    K_REPORT,
-    K_SCATTER,
-    K_SIGNAL,
-    Partition,
-    Task,
-)
-
 from canary.messages import (
     CONTROLLER,
     Failed,
     Hello,
+    MigrateAccept,
+    MigrateArray,
+    MigrateData,
+    MigrateOffer,
+    MigrateOut,
     Piece,
     PieceBatch,
     Placement,
@@ -54,6 +42,23 @@ from canary.messages import (
 )
 from canary.partition_map import PartitionMap
 from canary.program import COMPUTE, WRITE, Program
+from canary.worker.access import AccessQueues
+from canary.worker.config import WorkerConfig
+from canary.worker.fusion import Fusion
+from canary.worker.interpreter import Interpreter
+from canary.worker.migration import Migration, MoveIn, MoveOut
+from canary.worker.moves import GATHERS, DataMoves
+from canary.worker.tasks import (
+    K_COMPUTE,
+    K_FUSED,
+    K_GATHER,
+    K_LOAD,
+    K_REPORT,
+    K_SCATTER,
+    K_SIGNAL,
+    Partition,
+    Task,
+)
 
 
 class StoryRecord(NamedTuple):
@@ -77,7 +82,7 @@ class StoryRecord(NamedTuple):
     eid: int
 
 
-class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves):
+class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
     """State of worker ``worker`` (0-based) of ``n_workers`` running ``program``.
 
     Contract: ``start()`` once, then ``handle(event)`` for every message received, every task
@@ -130,6 +135,7 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves):
         self._init_access()
         self._init_fusion()
         self._init_moves()
+        self._init_migration()
         self._handlers: dict[type, Callable[[Any, list[Any]], None]] = {
             Placement: self._on_placement,
             TaskDone: self._on_task_done,
@@ -138,6 +144,11 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves):
             PieceBatch: self._on_piece_batch,
             Signal: self._on_signal,
             Resume: self._on_resume,
+            MigrateOut: self._on_migrate_out,
+            MigrateOffer: self._on_migrate_offer,
+            MigrateAccept: self._on_migrate_accept,
+            MigrateData: self._on_migrate_data,
+            MigrateArray: self._on_migrate_array,
         }
 
     # ---------------------------------------------------------------- public API
@@ -166,12 +177,16 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves):
             self._on_task_done(event, out)
             if self._inline:
                 self._drain(out)
+            if self.moves_out:  # a moving partition leaves once its last task is done
+                self._ship_when_quiet(out)
             if (self._emit_pending or len(self.live) < live) and not self.failed:
                 self._advance(out)
         else:
             self._handlers[type(event)](event, out)
             if self._inline:
                 self._drain(out)
+            if self.moves_out:
+                self._ship_when_quiet(out)
             if self.map is not None and not self.failed:
                 self._advance(out)
         self._dispatch(out)
@@ -218,13 +233,21 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves):
         if self.map is None:
             return
         self.map.validate_state()
+        outgoing = {(mv.group, mv.index) for mv in self.moves_out.values()}
+        incoming = {(mv.group, mv.index) for mv in self.moves_in.values()}
         for (did, i), p in self.parts.items():
             g = self._group[did]
-            assert self.map.owner(g, i) == self.worker, f"holds ({did},{i}) it does not own"
+            assert (self.map.owner(g, i) == self.worker or (g, i) in outgoing), (
+                f"holds ({did},{i}) it neither owns nor is handing over")
             assert not (p.writer and p.readers), f"partition ({did},{i}) has a writer and readers"
             assert p.readers >= 0
+            assert not p.frozen or (g, i) in incoming, f"({did},{i}) frozen with no move"
         for g, idxs in enumerate(self.local):
-            assert idxs == self.map.local(g, self.worker)
+            assert idxs == sorted(idxs), f"local partitions of group {g} out of order"
+            cut_pending = {(c[2], c[3]) for c in self._cuts}
+            assert set(idxs) ^ set(self.map.local(g, self.worker)) <= (
+                {i for gg, i in outgoing | cut_pending | incoming if gg == g}), (
+                f"local partitions of group {g} disagree with the map outside any move")
         for t in self.tasks.values():
             assert t.waiting >= 0, f"{t!r} waits on a negative count"
         assert all(n > 0 for n in self.live.values())
@@ -237,11 +260,13 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves):
         assert all(t.waiting == 0 and t.tid in self.tasks for t in queued), "a queued task is not ready"
         assert self.running is None or self.running.tid in self.tasks, "the running task is gone"
         assert self.running not in queued, "the running task is also queued"
+        assert self._hold_emission == sum(mv.cut is None for mv in self.moves_out.values())
+        assert all(isinstance(mv, (MoveIn, MoveOut)) for mv in self._moving.values())
 
     # ---------------------------------------------------------------- events
     def _on_placement(self, ev: Placement, out: list[Any]) -> None:
         if self.map is None:
-            self.map = ev.map
+            self.map = ev.map.copy()
             groups = self.program.groups
             self.local = [ev.map.local(g, self.worker) for g in range(len(groups))]
             for g, grp in enumerate(groups):
@@ -250,8 +275,11 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves):
                         self.parts[(d.id, i)] = Partition(d.id, i)
             self._plans.clear()
             self._batchable.clear()
+            offers, self._offers_before_placement = self._offers_before_placement, []
+            for offer in offers:
+                self._on_migrate_offer(offer, out)
         else:
-            self.map.merge(ev.map)
+            self.merge_map(ev.map)
         held, self.held = self.held, []
         for piece in held:
             self._on_piece(piece, out)

@@ -1,0 +1,332 @@
+"""Partitions that move: the migration protocol under random moves at random moments, each
+corner of the protocol on its own, and the controller's bookkeeping.
+
+Every run here validates every worker and the controller after every event, and the cross-role
+invariant (each partition held by exactly one worker: the owner, or during a move its source
+or destination). Answers must be bit-identical to a run without moves, and so must the number
+of tasks run: no task runs twice or not at all.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer
+
+import apps.kmeans as km
+import apps.logistic_regression as lr
+import apps.pagerank as pr
+import canary
+from canary import Program
+from canary.controller.state import ControllerState
+from canary.messages import Done, Hello, MigrateDone, MigrateOut, MoveRequest, Progress
+from canary.worker.state import WorkerState
+from tests.sequential import run_sequential
+from tests.test_random_programs import outcome, random_program
+
+
+@pytest.fixture(scope="module")
+def cancer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    path = tmp_path_factory.mktemp("migration") / "cancer.npz"
+    np.savez(path, X=X, y=y.astype(float))
+    return path
+
+
+def lr_program(path: Path, workers: int) -> Program:
+    args = lr.parse_args(["--input", str(path), "--reg", "1e-2", "--max-iter", "15",
+                          "--partitions", "6", "--print-every", "0"])
+    return lr.build(args, workers)[0]
+
+
+def km_program(workers: int) -> Program:
+    args = km.parse_args(["--generate", "600,4,5", "--k", "5", "--max-iter", "10",
+                          "--partitions", "6", "--print-every", "0"])
+    args.want_labels = True
+    return km.build(args, workers)[0]
+
+
+def pr_program(workers: int) -> Program:
+    args = pr.parse_args(["--generate", "256,2048", "--max-iter", "5", "--print-every", "0"])
+    args.want_ranks = True
+    return pr.build(args, workers)[0]
+
+
+def same(a: canary.JobResult, b: canary.JobResult) -> bool:
+    return a.results.keys() == b.results.keys() and all(
+        len(a.results[k]) == len(b.results[k]) and all(
+            x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a.results[k], b.results[k]))
+        for k in a.results)
+
+
+# ------------------------------------------------------------------ random moves, many seeds
+@pytest.mark.parametrize("app", ["logistic_regression", "kmeans", "pagerank"])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_apps_give_the_same_answer_under_random_moves(app: str, workers: int,
+                                                      cancer: Path) -> None:
+    make: Callable[[], Program] = {
+        "logistic_regression": lambda: lr_program(cancer, workers),
+        "kmeans": lambda: km_program(workers),
+        "pagerank": lambda: pr_program(workers),
+    }[app]
+    base = canary.run_local(make(), workers=workers, seed=0)
+    moved = 0
+    for seed in range(85):
+        r = canary.run_local(make(), workers=workers, seed=seed, chaos=seed, validate=True,
+                             shuffle_ready=seed % 2 == 1)
+        assert same(r, base), (app, workers, seed)
+        assert r.tasks_run == base.tasks_run, (app, workers, seed)
+        moved += r.migrations
+    assert moved >= 85  # the moves happened (about one per run at the least)
+
+
+@pytest.mark.parametrize("prog_seed", range(20))
+def test_random_programs_give_the_sequential_answer_under_random_moves(prog_seed: int) -> None:
+    reference = outcome(run_sequential(random_program(prog_seed)))
+    rng = random.Random(prog_seed)
+    moved = 0
+    for run in range(25):
+        workers, window = rng.randint(2, 4), rng.choice([1, 2, 4, 64])
+        fused = rng.choice([0, 2, 5, 1024])
+        r = canary.run_local(random_program(prog_seed), workers=workers, seed=run, window=window,
+                             validate=True, max_fused=fused, shuffle_ready=run % 2 == 1,
+                             chaos=1000 * prog_seed + run)
+        assert outcome(r.results) == reference, (prog_seed, run, workers, window, fused)
+        moved += r.migrations
+    assert moved > 0
+
+
+# ------------------------------------------------------------------ each corner on its own
+def moves_once(when: Callable[[ControllerState, list[WorkerState]], list[tuple[int, int, int]]]
+               ) -> Callable[[ControllerState, list[WorkerState]], list[tuple[int, int, int]]]:
+    """An ``inject`` that requests the moves ``when`` names the first time it names any."""
+    fired: list[bool] = []
+
+    def inject(ctrl: ControllerState, states: list[WorkerState]) -> list[tuple[int, int, int]]:
+        if fired:
+            return []
+        got = when(ctrl, states)
+        if got:
+            fired.append(True)
+        return got
+
+    inject.fired = fired  # type: ignore[attr-defined]
+    return inject
+
+
+def run_with(program: Callable[[], Program], when: Any, workers: int = 2,
+             seeds: range = range(12), monkeypatch: pytest.MonkeyPatch | None = None,
+             at_source: Callable[[WorkerState, MigrateOut], bool] | None = None) -> None:
+    """For each seed: the answer and task count with the move requested ``when`` equal those
+    without it, and the move did happen. ``at_source(source, migrate_out)`` says whether the
+    moment still held when the source got the move: it must in a quarter of the seeds at least
+    (the moment is fleeting: the move travels to the source while the job goes on)."""
+    held: list[bool] = []
+    if at_source is not None:
+        assert monkeypatch is not None
+        original = WorkerState._on_migrate_out
+
+        def checking(self: WorkerState, ev: MigrateOut, out: list) -> None:
+            held.append(at_source(self, ev))
+            original(self, ev, out)
+
+        monkeypatch.setattr(WorkerState, "_on_migrate_out", checking)
+    for seed in seeds:
+        base = canary.run_local(program(), workers=workers, seed=seed)
+        inject = moves_once(when)
+        r = canary.run_local(program(), workers=workers, seed=seed, validate=True, inject=inject)
+        assert inject.fired, f"seed {seed}: the moment never came"  # type: ignore[attr-defined]
+        assert r.migrations >= 1
+        assert same(r, base) and r.tasks_run == base.tasks_run, seed
+    if at_source is not None:
+        assert sum(held) * 4 >= len(held), held
+
+
+def group_of(p: Program, name: str) -> int:
+    return p.group_of(next(d for d in p.datasets if d.name == name))
+
+
+def test_a_move_in_the_middle_of_an_iteration(cancer: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    p = lr_program(cancer, 2)
+    g = group_of(p, "training_X")
+
+    def mid_iteration(ctrl: ControllerState, states: list[WorkerState]) -> list:
+        s = states[0]
+        if s.counters and s.counters[-1] >= 3 and any(t.part == 0 and t.stage.name ==
+                                                      "gradient_kernel" for t in s.tasks.values()):
+            return [(g, 0, 1)]
+        return []
+
+    run_with(lambda: lr_program(cancer, 2), mid_iteration, monkeypatch=monkeypatch,
+             at_source=lambda source, ev: any(t.part == ev.index for t in source.tasks.values()))
+
+
+def test_a_move_while_a_gather_waits_for_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    def program() -> Program:
+        p = Program("gather_waits")
+        x, y = p.dataset("x", 4), p.dataset("y", 2)
+        p.load([x], lambda i, n: np.arange(3.0) + i)
+        with p.loop(6):
+            p.scatter_gather(x, y, lambda a: [a * 2.0, a + 1.0], "concat", name="shuffle")
+            p.compute(lambda a: a[:3] * 0.5, [y], [y], name="shrink")
+            p.scatter_gather(y, x, lambda a: [a + 1.0, a - 1.0, a, -a], "sum", name="back")
+        p.report(x)
+        p.report(y)
+        return p
+
+    gy = program().finalize().group_of(program().finalize().datasets[1])
+
+    def gather_waiting(ctrl: ControllerState, states: list[WorkerState]) -> list:
+        for s in states:
+            for (_seq, j), t in s.gathers.items():
+                if t.stage.name == "shuffle" and t.pieces is not None and 0 < len(t.pieces) < 4:
+                    return [(gy, j, 1 - s.worker)]
+        return []
+
+    def still_waiting(source: WorkerState, ev: MigrateOut) -> bool:
+        return any(j == ev.index and t.stage.name == "shuffle" and t.waiting > 0
+                   for (_, j), t in source.gathers.items())
+
+    run_with(program, gather_waiting, monkeypatch=monkeypatch, at_source=still_waiting)
+
+
+def signal_loop() -> Program:
+    p = Program("signal_loop")
+    a, c, s = p.dataset("a", 4), p.dataset("c", 1), p.dataset("s", 1)
+    p.load([a], lambda i, n: np.full(2, float(i)))
+    p.load([c], lambda i, n: np.zeros(1))
+    with p.while_(lambda v: v[0] < 6, on=c, max_iter=10):
+        p.compute(lambda v: v * 1.5 + 1.0, [a], [a], name="grow")
+        p.reduce(a, s)
+        p.compute(lambda v, t: v + 1.0, [c, s], [c], name="count")
+    p.report(a)
+    p.report(c)
+    return p
+
+
+def test_a_move_while_every_worker_waits_on_a_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = signal_loop().finalize()
+    gc = group_of(p, "c")
+
+    def all_wait(ctrl: ControllerState, states: list[WorkerState]) -> list:
+        if all(s.await_seq is not None for s in states):
+            return [(gc, 0, 1 - ctrl.map.owner(gc, 0)), (group_of(p, "a"), 1, 1)]
+        return []
+
+    run_with(signal_loop, all_wait, monkeypatch=monkeypatch,
+             at_source=lambda source, ev: source.await_seq is not None)
+
+
+def test_a_move_at_the_last_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    def program() -> Program:
+        q = Program("last")
+        a, s = q.dataset("a", 3), q.dataset("s", 1)
+        q.load([a], lambda i, n: np.full(2, float(i + 1)))
+        with q.loop(5):
+            q.compute(lambda v: v * 2.0, [a], [a], name="double")
+            q.reduce(a, s)
+        q.report(s)
+        q.report(a)
+        return q
+
+    ga = program().finalize().group_of(program().finalize().datasets[0])
+
+    def last(ctrl: ControllerState, states: list[WorkerState]) -> list:
+        s = states[0]
+        if s.counters and s.counters[-1] == 4 and s.local[ga]:
+            return [(ga, s.local[ga][0], 1)]
+        return []
+
+    run_with(program, last, monkeypatch=monkeypatch,
+             at_source=lambda source, ev: bool(source.counters) and source.counters[-1] == 4)
+
+
+def test_a_move_after_its_owner_finished_its_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = signal_loop().finalize()
+    ga = group_of(p, "a")
+
+    def finished(ctrl: ControllerState, states: list[WorkerState]) -> list:
+        for s in states:
+            if s.done_sent and s.local[ga]:
+                return [(ga, s.local[ga][0], 1 - s.worker)]
+        return []
+
+    run_with(signal_loop, finished, monkeypatch=monkeypatch,
+             at_source=lambda source, ev: source.done_sent)
+
+
+def test_moves_to_and_fro_and_of_one_partition_groups() -> None:
+    p = signal_loop().finalize()
+    ga, gc, gs = group_of(p, "a"), group_of(p, "c"), group_of(p, "s")
+    back_and_forth = [0]
+
+    def churn(ctrl: ControllerState, states: list[WorkerState]) -> list:
+        back_and_forth[0] += 1
+        if back_and_forth[0] % 7:
+            return []
+        return [(g, 0, 1 - ctrl.map.owner(g, 0)) for g in (ga, gc, gs)]
+
+    for seed in range(10):
+        base = canary.run_local(signal_loop(), workers=2, seed=seed)
+        r = canary.run_local(signal_loop(), workers=2, seed=seed, validate=True, inject=churn)
+        assert r.migrations > 3 and same(r, base) and r.tasks_run == base.tasks_run
+
+
+# ------------------------------------------------------------------ the controller's side
+def placed_controller(workers: int = 2) -> tuple[ControllerState, Program]:
+    p = signal_loop().finalize()
+    c = ControllerState(p, workers)
+    for w in range(workers):
+        c.handle(Hello(w + 1, w, p.digest, p.statements()))
+    return c, p
+
+
+def test_a_move_bumps_the_version_updates_every_worker_and_tells_the_source() -> None:
+    c, p = placed_controller(3)
+    ga = group_of(p, "a")
+    assert c.map is not None and c.map.owner(ga, 3) == 2
+    out = c.handle(MoveRequest(50, ((ga, 3, 0),), "test"))
+    update = out[0].message.map
+    assert update.owner(ga, 3) == 0 and update.version(ga, 3) == 2
+    assert [(i.dest, type(i.message).__name__) for i in out] == [
+        (1, "Placement"), (2, "Placement"), (3, "Placement"), (3, "MigrateOut")]
+    assert out[3].message == MigrateOut.match(move=1, group=ga, index=3, dest=0, version=2)
+    assert all(i.cause == 50 for i in out)
+    c.validate_state()
+
+
+def test_a_partition_under_way_does_not_move_again_until_its_move_is_done() -> None:
+    c, p = placed_controller(2)
+    ga = group_of(p, "a")
+    assert c.handle(MoveRequest(50, ((ga, 0, 1),))) != []
+    assert c.handle(MoveRequest(51, ((ga, 0, 0),))) == []  # under way: not moved again
+    assert c.moving(ga, 0)
+    out = c.handle(MigrateDone(52, 1, 1, 64))
+    assert out == [Progress.match(cause=52)]
+    assert "moved partition 0 of a from worker 0 to worker 1" in out[0].line
+    assert (c.migrations, c.bytes_migrated, c.moving(ga, 0)) == (1, 64, False)
+    assert c.handle(MoveRequest(53, ((ga, 0, 0),))) != []  # done: it may move again
+
+
+def test_the_job_finishes_only_once_no_partition_is_under_way() -> None:
+    c, p = placed_controller(2)
+    c.handle(MoveRequest(50, ((group_of(p, "a"), 0, 1),)))
+    assert c.handle(Done(60, 0, 5)) == [] and c.handle(Done(61, 1, 5)) == []
+    out = c.handle(MigrateDone(62, 1, 1, 64))
+    assert [type(i).__name__ for i in out] == ["Progress", "Send", "Send", "Finish"]
+    c.validate_state()
+
+
+def test_a_move_of_a_partition_or_to_a_worker_that_does_not_exist_is_a_clear_error() -> None:
+    c, p = placed_controller(2)
+    with pytest.raises(ValueError, match="no worker 5"):
+        c.handle(MoveRequest(50, ((0, 0, 5),)))
+    with pytest.raises(ValueError, match="no partition 9 of group 0"):
+        c.handle(MoveRequest(51, ((0, 9, 1),)))
