@@ -6,6 +6,7 @@ This is the only place user code (kernels, loaders, signals, gathers) is called 
 
 from __future__ import annotations
 
+import sys  # hook (launcher task): _failed
 import time
 import traceback
 import weakref
@@ -26,6 +27,7 @@ from canary.worker.state import (
     WorkerState,
 )
 
+from canary.errors import CanaryError  # hook (launcher task): _failed
 from canary.messages import TaskDone, TaskFailed
 
 
@@ -192,8 +194,9 @@ def _alias_free(value: np.ndarray, others: list[Any]) -> np.ndarray:
 
 
 def _failed(state: WorkerState, task: Task, label: str | None = None) -> TaskFailed:
-    msg = (f"rank {state.rank} (worker {state.worker}): {label or task.label()} failed:\n"
-           f"{traceback.format_exc()}")
+    exc = sys.exc_info()[1]  # hook (launcher task): canary's own errors (bad input) say where:
+    why = f" {exc}" if isinstance(exc, CanaryError) else f"\n{traceback.format_exc()}"  # no tb
+    msg = f"rank {state.rank} (worker {state.worker}): {label or task.label()} failed:{why}"
     return TaskFailed(0, task, msg)
 
 
