@@ -433,8 +433,9 @@ def test_malformed_input_read_by_a_task_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.splitlines() == [
         "canary: job aborted: rank 1 (worker 0): stage 'load_rows' (id 0), load task on "
-        f"partition 0 failed: {bad}:2: value 'oops' of feature 2 is not a number (expected "
-        "INDEX:VALUE with numeric VALUE)"]
+        "partition 0 failed:",
+        f"{bad}:2: value 'oops' of feature 2 is not a number (expected INDEX:VALUE with "
+        "numeric VALUE)"]
 
 
 def test_a_failing_kernel_shows_its_traceback_once_and_no_mpi_banners() -> None:

@@ -195,8 +195,8 @@ def _alias_free(value: np.ndarray, others: list[Any]) -> np.ndarray:
 
 def _failed(state: WorkerState, task: Task, label: str | None = None) -> TaskFailed:
     exc = sys.exc_info()[1]  # hook (launcher task): canary's own errors (bad input) say where:
-    why = f" {exc}" if isinstance(exc, CanaryError) else f"\n{traceback.format_exc()}"  # no tb
-    msg = f"rank {state.rank} (worker {state.worker}): {label or task.label()} failed:{why}"
+    why = str(exc) if isinstance(exc, CanaryError) else traceback.format_exc()  # no traceback
+    msg = f"rank {state.rank} (worker {state.worker}): {label or task.label()} failed:\n{why}"
     return TaskFailed(0, task, msg)
 
 
