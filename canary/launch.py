@@ -38,13 +38,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from canary.ranks import RunRecords, read_records, role
 from canary.sentinel import (
     LAUNCHER,
     RUN_DIR,
     RUN_RANKS,
+    die_with_parent,
     process_start_time,
     stop_process,
     wait_for_exit,
@@ -361,29 +362,6 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
 # -- supervising mpiexec -------------------------------------------------------------------
 
 
-def _die_with_launcher() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGTERM when the launcher dies (Linux's
-    ``PR_SET_PDEATHSIG``; None elsewhere). Without it a ``kill -9`` of ``canary run`` would
-    leave mpiexec and every rank running."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    launcher = os.getpid()
-    pr_set_pdeathsig = 1
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-        if os.getppid() != launcher:  # the launcher died before the line above
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
 class _Stopper:
     """Turns SIGINT/SIGTERM/SIGHUP to the launcher into stopping mpiexec (see module doc)."""
 
@@ -429,18 +407,23 @@ class _Stopper:
             self.proc.kill()
 
 
-def _write(stream: BinaryIO | None, data: bytes) -> None:
-    if stream is None:
-        return
-    try:
-        stream.write(data)
-        stream.flush()
-    except (BrokenPipeError, ValueError):
-        pass  # the reader is gone (``canary run ... | head``): the job still runs to its end
+def _writer(stream: TextIO) -> Callable[[bytes], None]:
+    """Writes bytes to ``stream`` (through its binary buffer where it has one) at once."""
+    binary: BinaryIO | None = getattr(stream, "buffer", None)
 
+    def write(data: bytes) -> None:
+        try:
+            if binary is not None:
+                stream.flush()
+                binary.write(data)
+                binary.flush()
+            else:
+                stream.write(data.decode(errors="replace"))
+                stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the reader is gone (``canary run ... | head``): the job still runs to its end
 
-def _binary(stream: object) -> BinaryIO | None:
-    return getattr(stream, "buffer", None)
+    return write
 
 
 def job_environment(env: dict[str, str], folder: str, ranks: int) -> dict[str, str]:
@@ -464,7 +447,8 @@ def supervise(command: list[str], env: dict[str, str], ranks: int, hydra: bool) 
     try:
         proc = subprocess.Popen(
             command, env=job_environment(env, folder, ranks), start_new_session=True,
-            preexec_fn=_die_with_launcher(),
+            # without it a `kill -9` of canary run would leave mpiexec and every rank running
+            preexec_fn=die_with_parent(signal.SIGTERM),
             stdout=subprocess.PIPE if hydra else None, stderr=subprocess.PIPE if hydra else None)
         stopper.started(proc)
         filt = OutputFilter(ranks) if hydra else None
@@ -482,7 +466,7 @@ def supervise(command: list[str], env: dict[str, str], ranks: int, hydra: bool) 
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
             end.wrote_stderr = filt.wrote_stderr
         status, lines = verdict(end)
-        _write(_binary(sys.stderr), "".join(f"{line}\n" for line in lines).encode())
+        _writer(sys.stderr)("".join(f"{line}\n" for line in lines).encode())
         return status
     finally:
         stopper.restore()
@@ -493,8 +477,7 @@ def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper) 
     """Pass mpiexec's output through ``filt`` until both streams end (or mpiexec has ended
     and a process it left behind still holds them)."""
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = _binary(sys.stdout), _binary(sys.stderr)
-    sinks = {STDOUT: out, STDERR: err}
+    sinks = {STDOUT: _writer(sys.stdout), STDERR: _writer(sys.stderr)}
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, STDOUT)
     sel.register(proc.stderr, selectors.EVENT_READ, STDERR)
@@ -509,16 +492,18 @@ def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper) 
         now = time.monotonic()
         filt.tick(now)
         for stream, data in filt.take():
-            _write(sinks[stream], data)
+            sinks[stream](data)
         stopper.escalate(now)
         if proc.poll() is not None:
             ended_at = ended_at or now
             if now - ended_at > 1.0:
                 break
     sel.close()
+    proc.stdout.close()
+    proc.stderr.close()
     filt.finish(stopped=stopper.signum is not None)
     for stream, data in filt.take():
-        _write(sinks[stream], data)
+        sinks[stream](data)
 
 
 def _end_leftover_ranks(records: RunRecords, wait: float = 3.0) -> None:

@@ -165,8 +165,9 @@ def visible_launcher(value: str) -> int | None:
     return pid
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` giving the child SIGKILL when this process dies (Linux only)."""
+def die_with_parent(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``sig`` when the calling process dies, even by
+    SIGKILL (Linux's ``PR_SET_PDEATHSIG``; None elsewhere)."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -179,9 +180,9 @@ def _die_with_parent() -> Callable[[], None] | None:
     pr_set_pdeathsig = 1
 
     def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+        prctl(pr_set_pdeathsig, int(sig))
         if os.getppid() != parent:  # the parent died before the line above
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
 
     return preexec
 
@@ -191,7 +192,7 @@ def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | N
 
     Returns its returncode in :mod:`subprocess`'s convention (negative: killed by that signal).
     """
-    child = subprocess.Popen(command, close_fds=False, preexec_fn=_die_with_parent(),
+    child = subprocess.Popen(command, close_fds=False, preexec_fn=die_with_parent(signal.SIGKILL),
                              env=dict(os.environ, **{SENTINEL: str(os.getpid())}))
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
