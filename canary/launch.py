@@ -277,7 +277,6 @@ class OutputFilter:
 class JobEnd:
     """Everything known once mpiexec has ended."""
 
-    ranks: int
     records: RunRecords
     mpiexec_status: int  # as subprocess reports it: negative for a signal
     stopped_by: int | None = None  # the signal that made the launcher stop the job
@@ -461,7 +460,7 @@ def supervise(command: list[str], env: dict[str, str], ranks: int, hydra: bool) 
                 stopper.escalate(time.monotonic())
         records = read_records(folder)
         _end_leftover_ranks(records)
-        end = JobEnd(ranks, records, proc.returncode, stopper.signum, host=socket.gethostname())
+        end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname())
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
             end.wrote_stderr = filt.wrote_stderr

@@ -135,7 +135,8 @@ class RankRun:
         up to ``wait`` seconds for that: every rank of a driver that rejects its arguments or
         input fails at about the same moment.
         """
-        write_record(self.folder, "end", self.rank, {"rank": self.rank, "status": status})
+        if not write_record(self.folder, "end", self.rank, {"rank": self.rank, "status": status}):
+            return False  # the run folder is not on this host: the others cannot be seen
         deadline = time.monotonic() + (wait if status != 0 else 0.0)
         while True:
             if all(os.path.exists(record_path(self.folder, "end", r)) for r in range(self.ranks)):
