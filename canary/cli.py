@@ -45,8 +45,9 @@ def mpiexec_command(workers: int, script: str, script_args: list[str], hostfile:
     """The command ``canary run`` executes: one controller plus ``workers`` workers, each
     started by ``python -u -m canary.ranks`` (``python -m mpi4py`` plus the records that let
     the launcher tell how the job ended; see :mod:`canary.ranks`) under its sentinel
-    (:mod:`canary.sentinel`, which notes how a rank that did not finish ended). ``hydra``: add the options
-    that let the launcher read MPICH hydra's output (:func:`canary.launch.hydra_options`).
+    (:mod:`canary.sentinel`, which notes how a rank that did not finish ended). ``hydra``:
+    add the options that let the launcher read MPICH hydra's output
+    (:func:`canary.launch.hydra_options`).
 
     Raises ValueError if ``workers < 1``.
     """
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return simulate(argv[1:])
     ap = argparse.ArgumentParser(prog="canary", description="Canary dataflow engine.")
     sub = ap.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run a driver: mpiexec -n N+1 python -m mpi4py SCRIPT ARGS",
+    r = sub.add_parser("run", help="run a driver on N workers + 1 controller under mpiexec",
                        description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("-n", type=int, default=2, help="number of workers (plus one controller rank)")
     r.add_argument("-f", "--hostfile", default=None, help="MPI hostfile for multi-host runs")

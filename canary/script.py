@@ -6,7 +6,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from canary.errors import CanaryError
+from canary.errors import CanaryError, JobAborted, TaskError
 from canary.ranks import end_rank
 
 
@@ -22,10 +22,11 @@ def run_main(file: str, argv: list[str] | None = None) -> int:
 
     A :class:`~canary.CanaryError` escaping ``main`` (a ``DeclarationError``, an
     ``InputFormatError``: the user's mistake, and the message already says where) is printed
-    as one line, ``NAME: error: MESSAGE``, and the result is 2; a traceback is kept for
-    everything else. Every rank prints it: ``canary run`` shows a line that every rank
-    printed once, and an error seen on one rank only (a file that one host cannot read) must
-    not be lost. A non-zero result on one rank of a multi-rank job aborts the whole job
+    as one line, ``NAME: error: MESSAGE``, and the result is 2. Every rank prints it:
+    ``canary run`` shows a line that every rank printed once, and an error seen on one rank
+    only (a file that one host cannot read) must not be lost. A traceback is kept for
+    everything else, a failed job included (``TaskError`` or ``JobAborted`` from
+    ``run_local``). A non-zero result on one rank of a multi-rank job aborts the whole job
     unless every rank has ended (see :func:`_end_job_on_failure`).
     """
     path = Path(file).resolve()
@@ -43,6 +44,8 @@ def _call_main(module: object, name: str, argv: list[str] | None) -> int:
     try:
         return int(module.main(argv))  # type: ignore[attr-defined]
     except CanaryError as exc:
+        if isinstance(exc, (TaskError, JobAborted)):  # the job failed, not its declaration
+            raise
         print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
         return 2
 

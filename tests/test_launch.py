@@ -233,6 +233,25 @@ def test_a_failing_rank_waits_for_the_others_then_says_whether_all_ended(tmp_pat
     assert RankRun.from_environ({RUN_DIR: "/x", RUN_RANKS: "3"}) is None  # rank unknown
 
 
+def test_run_main_turns_a_canary_error_into_one_line_and_status_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from canary.errors import TaskError
+    from canary.script import run_main
+
+    pkg = tmp_path / f"drivers_{uuid.uuid4().hex}"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "declares.py").write_text(
+        "import canary\ndef main(argv):\n    raise canary.DeclarationError('a/2 vs b/3')\n")
+    (pkg / "runs.py").write_text(
+        "import canary\ndef main(argv):\n    raise canary.TaskError('stage s failed')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run_main puts the package root on it
+    assert run_main(str(pkg / "declares.py"), []) == 2
+    assert capsys.readouterr().err == "declares: error: a/2 vs b/3\n"
+    with pytest.raises(TaskError, match="stage s failed"):  # a failed job keeps its traceback
+        run_main(str(pkg / "runs.py"), [])
+
+
 def test_the_sentinel_stops_its_rank_when_the_launcher_is_gone(tmp_path: Path) -> None:
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
