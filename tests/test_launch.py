@@ -234,7 +234,8 @@ def test_a_failing_rank_waits_for_the_others_then_says_whether_all_ended(tmp_pat
 
 
 def test_run_main_turns_a_canary_error_into_one_line_and_status_2(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from canary.errors import TaskError
     from canary.script import run_main
 
