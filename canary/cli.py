@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return _run(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # no mpiexec, or it cannot be started
         print(f"canary: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before the job started (the launcher handles it after)

@@ -192,6 +192,37 @@ def test_without_records_mpiexec_is_trusted_and_a_late_death_does_not_undo_succe
         "finished the job; the results are complete"]
 
 
+class FakeMpiexec:
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+        self.calls: list[str] = []
+
+    def send_signal(self, sig: int) -> None:
+        self.calls.append(signal.Signals(sig).name)
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+
+
+def test_a_stop_signal_terminates_mpiexec_then_kills_after_a_grace_or_a_second_ctrl_c() -> None:
+    from canary.launch import STOP_GRACE, _Stopper
+
+    early = _Stopper()
+    early._handle(signal.SIGTERM, None)  # before mpiexec started: it is stopped as it starts
+    first = FakeMpiexec()
+    early.started(first)  # type: ignore[arg-type]
+    assert first.calls == ["SIGTERM"] and early.signum == signal.SIGTERM
+    early.escalate(early.since + STOP_GRACE / 2)
+    assert first.calls == ["SIGTERM"]
+    early.escalate(early.since + STOP_GRACE + 1)
+    assert first.calls == ["SIGTERM", "kill"]
+    impatient, second = _Stopper(), FakeMpiexec()
+    impatient.started(second)  # type: ignore[arg-type]
+    impatient._handle(signal.SIGINT, None)
+    impatient._handle(signal.SIGINT, None)
+    assert second.calls == ["SIGTERM", "kill"] and impatient.signum == signal.SIGINT
+
+
 # -- the rank side and its sentinel, without MPI ---------------------------------------------
 
 
