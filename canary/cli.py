@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
+
+from canary import launch
 
 
 def find_mpiexec() -> str:
@@ -34,14 +35,19 @@ def mpiexec_env(timeout: int | None, path: str | None = None) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if timeout:
         env["MPIEXEC_TIMEOUT"] = str(timeout)
-    if path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])
+    if path is not None:  # no empty entry: it would put the ranks' working folder on sys.path
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [path, os.environ.get("PYTHONPATH")] if p)
     return env
 
 
 def mpiexec_command(workers: int, script: str, script_args: list[str], hostfile: str | None = None,
-                    mpiexec: str | None = None) -> list[str]:
-    """The command ``canary run`` executes: one controller plus ``workers`` workers.
+                    mpiexec: str | None = None, hydra: bool = False) -> list[str]:
+    """The command ``canary run`` executes: one controller plus ``workers`` workers, each
+    started by ``python -u -m canary.ranks`` (``python -m mpi4py`` plus the records that let
+    the launcher tell how the job ended; see :mod:`canary.ranks`) under its sentinel
+    (:mod:`canary.sentinel`, which notes how a rank that did not finish ended). ``hydra``:
+    add the options that let the launcher read MPICH hydra's output
+    (:func:`canary.launch.hydra_options`).
 
     Raises ValueError if ``workers < 1``.
     """
@@ -50,8 +56,18 @@ def mpiexec_command(workers: int, script: str, script_args: list[str], hostfile:
     cmd = [mpiexec or find_mpiexec()]
     if hostfile:
         cmd += ["-f", hostfile]
-    cmd += ["-n", str(workers + 1), sys.executable, "-u", "-m", "mpi4py", script, *script_args]
+    if hydra:
+        cmd += launch.hydra_options()
+    cmd += ["-n", str(workers + 1), *launch.sentinel_command(), sys.executable, "-u", "-m",
+            "canary.ranks", script, *script_args]
     return cmd
+
+
+def _shown(cmd: list[str]) -> str:
+    """``cmd`` as one line a shell would accept, control characters written as escapes."""
+    import shlex
+
+    return " ".join(shlex.quote(a) if a.isprintable() else repr(a) for a in cmd)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -61,11 +77,37 @@ def _run(args: argparse.Namespace) -> int:
     if args.hostfile and not os.path.exists(args.hostfile):
         print(f"canary run: hostfile not found: {args.hostfile}", file=sys.stderr)
         return 2
-    cmd = mpiexec_command(args.n, args.script, args.args, args.hostfile)
-    env = mpiexec_env(args.timeout)
+    mpiexec = find_mpiexec()
+    hydra = launch.is_hydra(mpiexec)
+    cmd = mpiexec_command(args.n, args.script, args.args, args.hostfile, mpiexec, hydra)
+    env = mpiexec_env(args.timeout, launch.checkout_root())
     if args.verbose:
-        print("canary run:", " ".join(cmd), file=sys.stderr)
-    return subprocess.call(cmd, env=env)
+        print("canary run:", _shown(cmd), file=sys.stderr)
+    return launch.supervise(cmd, env, args.n + 1, hydra)
+
+
+RUN_HELP = """\
+Runs SCRIPT on N workers plus one controller rank: mpiexec -n N+1 python -m canary.ranks
+SCRIPT ARGS, which runs SCRIPT as `python -m mpi4py` does and records how each rank ended.
+
+exit status:
+  0        the job finished: rank 0 (the controller) ran the driver to its end
+  2        the driver rejected its arguments or input on every rank (said once)
+  other    the driver's own status when it stopped by itself on every rank (0 for
+           --help), or the code of a rank that ended the job after saying why (1: a
+           task failed)
+  128+S    a rank was killed by signal S (137: SIGKILL, 139: SIGSEGV) before the job
+           finished; canary names the rank; the job's results are lost
+  1        a rank exited with status 0 before the job finished (a rank that exits
+           with status C != 0 before then gives C)
+  124      the time limit (--timeout, MPIEXEC_TIMEOUT) expired
+  130/143  canary run was interrupted (Ctrl-C) / terminated (SIGTERM): job stopped
+
+stopping: Ctrl-C, or SIGTERM/SIGHUP to canary run, stops the whole job (mpiexec and every
+rank) within seconds and prints one line; a second Ctrl-C kills at once. If canary run is
+killed with SIGKILL, mpiexec gets SIGTERM and stops the job, and the ranks on this host stop
+by themselves (Linux).
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return simulate(argv[1:])
     ap = argparse.ArgumentParser(prog="canary", description="Canary dataflow engine.")
     sub = ap.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run a driver: mpiexec -n N+1 python -m mpi4py SCRIPT ARGS")
+    r = sub.add_parser("run", help="run a driver on N workers + 1 controller under mpiexec",
+                       description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("-n", type=int, default=2, help="number of workers (plus one controller rank)")
     r.add_argument("-f", "--hostfile", default=None, help="MPI hostfile for multi-host runs")
     r.add_argument("--timeout", type=int, default=None,
@@ -88,9 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return _run(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # no mpiexec, or it cannot be started
         print(f"canary: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the job started (the launcher handles it after)
+        print("canary: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

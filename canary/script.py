@@ -6,6 +6,9 @@ import importlib
 import sys
 from pathlib import Path
 
+from canary.errors import CanaryError, JobAborted, TaskError
+from canary.ranks import end_rank
+
 
 def run_main(file: str, argv: list[str] | None = None) -> int:
     """Import the driver at ``file`` as ``<package>.<module>`` and return its ``main(argv)``.
@@ -15,30 +18,53 @@ def run_main(file: str, argv: list[str] | None = None) -> int:
     ``apps.<name>``. Mixing the two makes numba load a cache entry whose module cannot be
     imported, and the job dies. Running every driver under its package name keeps one name.
     The package root (the folder above the file's package) goes on ``sys.path``. A file that is
-    not inside a package (no ``__init__.py`` beside it) runs as it is. A non-zero result
-    on one rank of a multi-rank job aborts the whole job (see :func:`_end_job_on_failure`).
+    not inside a package (no ``__init__.py`` beside it) runs as it is.
+
+    A :class:`~canary.CanaryError` escaping ``main`` (a ``DeclarationError``, an
+    ``InputFormatError``: the user's mistake, and the message already says where) is printed
+    as one line, ``NAME: error: MESSAGE``, and the result is 2. Every rank prints it:
+    ``canary run`` shows a line that every rank printed once, and an error seen on one rank
+    only (a file that one host cannot read) must not be lost. A traceback is kept for
+    everything else, a failed job included (``TaskError`` or ``JobAborted`` from
+    ``run_local``). A non-zero result on one rank of a multi-rank job aborts the whole job
+    unless every rank has ended (see :func:`_end_job_on_failure`).
     """
     path = Path(file).resolve()
     if not (path.parent / "__init__.py").exists():
         main_mod = sys.modules["__main__"]
-        return _end_job_on_failure(int(main_mod.main(argv)))
+        return _end_job_on_failure(_call_main(main_mod, path.stem, argv))
     root = str(path.parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
     module = importlib.import_module(f"{path.parent.name}.{path.stem}")
-    return _end_job_on_failure(int(module.main(argv)))
+    return _end_job_on_failure(_call_main(module, path.stem, argv))
+
+
+def _call_main(module: object, name: str, argv: list[str] | None) -> int:
+    try:
+        return int(module.main(argv))  # type: ignore[attr-defined]
+    except CanaryError as exc:
+        if isinstance(exc, (TaskError, JobAborted)):  # the job failed, not its declaration
+            raise
+        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
 
 
 def _end_job_on_failure(code: int) -> int:
     """A driver that failed on this rank (bad input, say) ends the whole MPI job.
 
     Under ``python -m mpi4py`` a non-zero exit already aborts every rank; launched with a plain
-    ``mpiexec python driver.py`` the other ranks would wait for this one forever.
+    ``mpiexec python driver.py`` the other ranks would wait for this one forever. Launched by
+    ``canary run``, the rank records its end first, and the job is not aborted when every rank
+    has ended (a driver that rejects its input fails on every rank alike): no rank is killed
+    before it has said why, and MPI adds no abort messages.
     """
     if code != 0 and "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            if end_rank(code):
+                return code
             import time
 
             sys.stderr.flush()

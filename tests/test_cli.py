@@ -10,16 +10,29 @@ import sys
 import pytest
 
 from canary.cli import main, mpiexec_command, mpiexec_env
+from canary.launch import checkout_root, hydra_options, is_hydra, sentinel_command
 from tests.conftest import ROOT
 
 
-def test_command_is_one_controller_plus_n_workers_unbuffered() -> None:
+def test_command_is_one_controller_plus_n_workers_unbuffered_each_under_its_sentinel() -> None:
     cmd = mpiexec_command(3, "apps/x.py", ["--reg", "1"], mpiexec="/opt/mpi/bin/mpiexec")
-    assert cmd == ["/opt/mpi/bin/mpiexec", "-n", "4", sys.executable, "-u", "-m", "mpi4py",
-                   "apps/x.py", "--reg", "1"]
+    assert cmd == ["/opt/mpi/bin/mpiexec", "-n", "4", *sentinel_command(), sys.executable, "-u",
+                   "-m", "canary.ranks", "apps/x.py", "--reg", "1"]
+    assert sentinel_command()[:3] == [sys.executable, "-I", "-S"]
+    hydra = mpiexec_command(1, "a.py", [], mpiexec="mpiexec", hydra=True)
+    assert hydra[1:1 + len(hydra_options())] == hydra_options() and hydra[-1] == "a.py"
 
 
-def test_mpiexec_env_sets_timeout_unbuffered_output_and_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_mpi_is_recognised_as_hydra_and_ranks_import_this_checkout() -> None:
+    from canary.cli import find_mpiexec
+
+    assert is_hydra(find_mpiexec())  # the mpich wheel: its output is read per rank
+    assert not is_hydra(sys.executable) and not is_hydra("/does/not/exist")
+    assert checkout_root() == str(ROOT)
+
+
+def test_mpiexec_env_sets_timeout_unbuffered_output_and_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     monkeypatch.delenv("MPIEXEC_TIMEOUT", raising=False)
     env = mpiexec_env(30, "/repo")
@@ -27,6 +40,8 @@ def test_mpiexec_env_sets_timeout_unbuffered_output_and_path(monkeypatch: pytest
     assert env["PYTHONPATH"].split(os.pathsep) == ["/repo", "/elsewhere"]
     plain = mpiexec_env(None)  # no timeout asked: none set; PYTHONPATH left as it was
     assert "MPIEXEC_TIMEOUT" not in plain and plain["PYTHONPATH"] == "/elsewhere"
+    monkeypatch.delenv("PYTHONPATH")
+    assert mpiexec_env(None, "/repo")["PYTHONPATH"] == "/repo"  # no empty entry (the cwd)
 
 
 def test_hostfile_is_passed_through() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from canary.errors import CanaryError
 from canary.messages import TaskDone, TaskFailed
 from canary.worker.chain import CHAINS, is_compile_error
 from canary.worker.state import WorkerState
@@ -237,13 +238,15 @@ def _alias_free(value: np.ndarray, others: list[Any]) -> np.ndarray:
 
 def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None) -> TaskFailed:
     """The event for the exception being handled: where it happened, and the user code's
-    traceback; a malformed result (:class:`ResultError`, raised by canary's own checks) is said
-    in one line, since canary's frames would say nothing to the user."""
+    traceback. A malformed result (:class:`ResultError`, raised by canary's own checks) and
+    canary's own errors (unreadable input read inside a task) are said in one line, since
+    canary's frames would say nothing to the user."""
     exc = sys.exc_info()[1]
     where = f"rank {state.rank} (worker {state.worker}): {label or task.label()}"
     if isinstance(exc, ResultError):
         return TaskFailed(eid, task, f"{where} {exc}")
-    return TaskFailed(eid, task, f"{where} failed:\n{traceback.format_exc()}")
+    why = str(exc) if isinstance(exc, CanaryError) else traceback.format_exc()
+    return TaskFailed(eid, task, f"{where} failed:\n{why}")
 
 
 def _outputs(writes: tuple[Any, ...], res: Any) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,525 @@
+"""``canary run``'s launcher side: start mpiexec, pass its output on, stop the job with the
+launcher, and say how the job ended.
+
+* **Stopping.** mpiexec runs in its own session, so a Ctrl-C in the terminal reaches only the
+  launcher, which sends mpiexec SIGTERM (MPICH's hydra then ends every rank quietly: SIGINT
+  would make each Python rank print a ``KeyboardInterrupt`` traceback) and SIGKILL if it has
+  not ended after :data:`STOP_GRACE` seconds; a second Ctrl-C kills at once. SIGTERM and
+  SIGHUP do the same. On Linux mpiexec gets SIGTERM when the launcher dies, even by SIGKILL
+  (``PR_SET_PDEATHSIG``), and the sentinel of every rank on the launcher's host stops its rank
+  when the launcher is gone (:mod:`canary.sentinel`). Ranks left on this host after mpiexec
+  has ended are killed.
+* **Output.** With MPICH's hydra, every line a rank prints comes tagged with its rank
+  (``-prepend-pattern``), and :class:`OutputFilter` turns the stream back into the ranks'
+  lines: rank 0's lines pass at once; a line of another rank is held back up to ``hold``
+  seconds and dropped if rank 0 printed the same line (an argument error or ``--help`` printed
+  by every rank shows once); MPICH's own ``Abort(...)`` lines and termination banners are
+  dropped, because canary says what happened. Other MPIs' output passes through untouched.
+* **Exit status.** The ranks record their start and end in a run folder
+  (:mod:`canary.ranks`), their sentinels how a rank that did not finish ended, and
+  :func:`verdict` reads that with what mpiexec said: 0 only when rank 0 (the controller)
+  finished normally; a rank that ended before the job finished is named with how it ended.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from canary.ranks import RunRecords, read_records, role
+from canary.sentinel import (
+    LAUNCHER,
+    RUN_DIR,
+    RUN_RANKS,
+    die_with_parent,
+    process_start_time,
+    stop_process,
+    wait_for_exit,
+)
+
+STDOUT, STDERR = 1, 2
+STOP_GRACE = 5.0  # seconds mpiexec gets to end the job after SIGTERM before SIGKILL
+HOLD = 2.0  # seconds a line of a rank other than 0 waits for rank 0 to print the same
+REMEMBERED = 1000  # lines of rank 0 kept per rank and stream to match later duplicates
+# Tag hydra puts before every line of a rank (%r: its rank). The control characters cannot be
+# mistaken for anything a rank prints.
+TAG_PATTERN = "\x1e%r\x1f"
+_TAG = re.compile(rb"\x1e(\d{1,9})\x1f")
+_TAG_START = re.compile(rb"\x1e\d{0,9}")
+_ABORT = re.compile(rb"Abort\((-?\d+)\) on node \d+ \(rank \d+ in comm \d+\): "
+                    rb"application called MPI_Abort")
+_TIMED_OUT = re.compile(rb"\[mpiexec@[^\]]*\] APPLICATION TIMED OUT, TIMEOUT = (\d+)s")
+_MPIEXEC_NOISE = re.compile(  # hydra's termination banner and Ctrl-C notices
+    rb"=+|=   .*|YOUR APPLICATION TERMINATED WITH THE EXIT STRING: .*"
+    rb"|This typically refers to a problem with your application\."
+    rb"|Please see the FAQ page for debugging suggestions"
+    rb"|\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes as requested"
+    rb"|Press Ctrl-C again to force abort)")
+_PROXY = re.compile(rb"\[proxy:[^\]]*\] ")  # a hydra proxy's own complaint
+
+
+def is_hydra(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is MPICH's hydra with the option the launcher relies on
+    (``-prepend-pattern``); False if it cannot be asked."""
+    try:
+        r = subprocess.run([mpiexec, "--help"], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    text = r.stdout + r.stderr
+    return "Hydra" in text and "-prepend-pattern" in text
+
+
+def hydra_options() -> list[str]:
+    """The mpiexec options that let :class:`OutputFilter` read hydra's output."""
+    return ["-prepend-pattern", TAG_PATTERN]
+
+
+def sentinel_command() -> list[str]:
+    """The command that starts a rank's sentinel (:mod:`canary.sentinel`) in front of the
+    rank's own command: isolated (``-I -S``) so that it starts in milliseconds."""
+    return [sys.executable, "-I", "-S", str(Path(__file__).with_name("sentinel.py"))]
+
+
+def how_it_ended(returncode: int) -> tuple[str, int]:
+    """How a rank that did not finish ended, from its returncode (negative: the signal that
+    killed it): a phrase (``was killed by SIGKILL``, ``exited with status 3``) and the exit
+    status of ``canary run`` that reports it (128 + signal, the exit status, or 1 for a rank
+    that exited with 0 before the job finished)."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}", 128 - returncode
+    return f"exited with status {returncode}", returncode or 1
+
+
+@dataclass
+class _Held:
+    line: bytes
+    since: float
+
+
+class OutputFilter:
+    """Reads hydra's rank-tagged output (both streams) back into lines, and decides what is
+    printed; also collects what mpiexec said about the ranks.
+
+    Feed it bytes as they come (:meth:`feed`), call :meth:`tick` now and then to release held
+    lines, :meth:`finish` at the end, and write what :meth:`take` returns, in order.
+
+    How the tags are read: hydra puts the tag before every line a rank starts and before every
+    chunk it forwards, so a stretch of text belongs to the rank of the tag before it, and text
+    after a rank's newline that has no tag of its own is mpiexec's own message.
+    """
+
+    def __init__(self, ranks: int, hold: float = HOLD, remembered: int = REMEMBERED) -> None:
+        self.ranks = ranks
+        self.hold = hold
+        self.remembered = remembered
+        self.aborts: dict[int, int] = {}  # rank -> the code it called MPI_Abort with
+        self.timed_out: int | None = None  # hydra's MPIEXEC_TIMEOUT expired after this many s
+        self.wrote_stderr: set[int] = set()  # ranks that printed anything on stderr
+        self._proxy_lines: list[tuple[int, bytes]] = []
+        self._raw = {STDOUT: b"", STDERR: b""}
+        self._owner: dict[int, int | None] = {STDOUT: None, STDERR: None}
+        self._partial: dict[tuple[int, int | None], tuple[bytes, float]] = {}
+        self._held: dict[tuple[int, int], deque[_Held]] = {}
+        self._owed: dict[tuple[int, int], dict[bytes, int]] = {}
+        self._out: list[tuple[int, bytes]] = []
+
+    def take(self) -> list[tuple[int, bytes]]:
+        """What is to be written since the last call: ``(STDOUT or STDERR, bytes)`` in order."""
+        out, self._out = self._out, []
+        return out
+
+    def feed(self, stream: int, data: bytes, now: float) -> None:
+        """Take ``data`` read from mpiexec's ``stream`` at time ``now``."""
+        buf = self._raw[stream] + data
+        i = 0
+        while i < len(buf):
+            j = buf.find(b"\x1e", i)
+            if j < 0:
+                self._text(stream, buf[i:], now)
+                i = len(buf)
+                break
+            if j > i:
+                self._text(stream, buf[i:j], now)
+            m = _TAG.match(buf, j)
+            if m:
+                self._owner[stream] = int(m.group(1))
+                i = m.end()
+                continue
+            if _TAG_START.fullmatch(buf, j):  # a tag cut in two by the read: wait for the rest
+                break
+            self._text(stream, buf[j:j + 1], now)
+            i = j + 1
+        self._raw[stream] = buf[i:]
+
+    def tick(self, now: float) -> None:
+        """Release what has waited ``hold`` seconds: held lines of ranks other than 0, and
+        unfinished lines (a prompt, a progress bar) of any rank."""
+        for (stream, _), q in self._held.items():
+            while q and now - q[0].since >= self.hold:
+                self._out.append((stream, q.popleft().line))
+        for (stream, owner), (text, since) in list(self._partial.items()):
+            if owner is not None and now - since >= self.hold:
+                self._release_held(stream, owner)
+                self._out.append((stream, text))
+                del self._partial[(stream, owner)]
+
+    def finish(self, stopped: bool = False) -> None:
+        """The output has ended: unfinished lines count as lines; everything held is released.
+
+        Hydra's proxies may complain as they are killed (``assert (!closed) failed``): their
+        lines are held to the end and dropped if the job was ``stopped`` by the launcher or
+        ran out of time, since canary then says what happened.
+        """
+        for stream in (STDOUT, STDERR):
+            rest, self._raw[stream] = self._raw[stream], b""
+            if rest:
+                self._text(stream, rest, float("inf"))
+        # rank 0 first, so that the other ranks' last lines can still be matched against it
+        for key in sorted(self._partial, key=lambda k: (k[1] is None, k[1] or 0, k[0])):
+            text, _ = self._partial.pop(key)
+            self._line(key[0], key[1], text, float("inf"))
+        for key in sorted(self._held):
+            self._release_held(*key)
+        if not (stopped or self.timed_out is not None):
+            self._out.extend(self._proxy_lines)
+        self._proxy_lines.clear()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _text(self, stream: int, text: bytes, now: float) -> None:
+        while text:
+            owner = self._owner[stream]
+            k = text.find(b"\n")
+            piece, text = (text, b"") if k < 0 else (text[:k + 1], text[k + 1:])
+            before, since = self._partial.pop((stream, owner), (b"", now))
+            if k < 0:
+                self._partial[(stream, owner)] = (before + piece, since)
+                return
+            self._line(stream, owner, before + piece, now)
+            self._owner[stream] = None  # untagged text after a rank's newline is mpiexec's
+
+    def _line(self, stream: int, owner: int | None, line: bytes, now: float) -> None:
+        if owner is None:
+            self._mpiexec_line(stream, line)
+            return
+        abort = _ABORT.match(line)
+        if abort:
+            self.aborts.setdefault(owner, int(abort.group(1)))
+            return
+        if stream == STDERR:
+            self.wrote_stderr.add(owner)
+        if owner == 0:
+            self._out.append((stream, line))
+            for rank in range(1, self.ranks):
+                self._match_rank0_line(stream, rank, line)
+            return
+        owed = self._owed.get((stream, owner))
+        if owed and owed.get(line, 0) > 0:  # rank 0 printed this already
+            owed[line] -= 1
+            if not owed[line]:
+                del owed[line]
+            return
+        self._held.setdefault((stream, owner), deque()).append(_Held(line, now))
+
+    def _match_rank0_line(self, stream: int, rank: int, line: bytes) -> None:
+        q = self._held.get((stream, rank))
+        if q:
+            for i, held in enumerate(q):
+                if held.line == line:
+                    del q[i]
+                    return
+        owed = self._owed.setdefault((stream, rank), {})
+        owed[line] = owed.get(line, 0) + 1
+        if len(owed) > self.remembered:
+            del owed[next(iter(owed))]
+
+    def _release_held(self, stream: int, rank: int) -> None:
+        q = self._held.get((stream, rank))
+        while q:
+            self._out.append((stream, q.popleft().line))
+
+    def _mpiexec_line(self, stream: int, line: bytes) -> None:
+        text = line.rstrip(b"\r\n")
+        if not text.strip():
+            return  # hydra pads its banners with blank lines (a rank's blank line is tagged)
+        m = _TIMED_OUT.fullmatch(text)
+        if m:
+            self.timed_out = int(m.group(1))
+            return
+        if _MPIEXEC_NOISE.fullmatch(text):
+            return
+        if _PROXY.match(text):
+            self._proxy_lines.append((stream, line))
+            return
+        self._out.append((stream, line))
+
+
+@dataclass
+class JobEnd:
+    """Everything known once mpiexec has ended."""
+
+    records: RunRecords
+    mpiexec_status: int  # as subprocess reports it: negative for a signal
+    stopped_by: int | None = None  # the signal that made the launcher stop the job
+    timed_out: int | None = None
+    aborts: dict[int, int] = field(default_factory=dict)
+    wrote_stderr: set[int] = field(default_factory=set)
+    host: str = ""  # this host's name: ranks elsewhere are named with their host
+
+
+_STOP_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
+               signal.SIGHUP: "hung up"}
+LOST = "the job's results are lost (canary keeps no snapshots: run the job again)"
+
+
+def verdict(end: JobEnd) -> tuple[int, list[str]]:
+    """The exit status of ``canary run`` and the lines it prints about how the job ended.
+
+    0 means rank 0 (the controller) finished: its driver ran to the end and exited with 0. A
+    driver that stopped early by itself on every rank (``--help``: 0, an argument error: 2)
+    gives its own status. A rank that ended before the job finished (killed, crashed, an
+    ``os._exit`` in a kernel) makes the status non-zero (128 + signal for a signal) and is
+    named with how it ended; a rank that aborted the job on purpose has printed why, and its
+    abort code is the status. 130/143/129: the launcher was interrupted (SIGINT), terminated
+    (SIGTERM) or hung up (SIGHUP) and stopped the job. 124: mpiexec's time limit expired.
+    """
+    rec = end.records
+    if end.stopped_by is not None:
+        word = _STOP_WORDS.get(signal.Signals(end.stopped_by), "stopped")
+        return 128 + end.stopped_by, [f"canary: {word}; job stopped"]
+    if end.timed_out is not None:
+        return 124, [f"canary: the job ran past its time limit of {end.timed_out} s "
+                     f"(--timeout or MPIEXEC_TIMEOUT) and was stopped; {LOST}"]
+
+    def name(rank: int) -> str:
+        start = rec.starts.get(rank)
+        if start is None:
+            return role(rank)
+        where = "" if start.host == end.host else f" on {start.host}"
+        return f"{role(rank)[:-1]}, pid {start.pid}{where})"
+
+    unfinished = sorted(r for r in rec.starts if r not in rec.ends)
+    # the ranks that ended first (the others were killed while MPI cleaned up), not on purpose
+    died = sorted((r for r in rec.gone if r not in end.aborts), key=lambda r: rec.gone[r].time)
+    if 0 in rec.ends:
+        status, lines = rec.ends[0], []
+        if status == 0:
+            for r in unfinished:
+                how = how_it_ended(rec.gone[r].returncode)[0] if r in rec.gone else "ended"
+                lines.append(f"canary: note: {name(r)} {how} after the controller had finished "
+                             "the job; the results are complete")
+            failed = [r for r in sorted(rec.ends) if rec.ends[r] != 0]
+            if failed:
+                status = rec.ends[failed[0]]
+                lines.append(f"canary: {name(failed[0])} exited with status {status}")
+            return status, lines
+        for r in died:
+            lines.append(f"canary: {name(r)} {how_it_ended(rec.gone[r].returncode)[0]} "
+                         "before the job finished")
+        return status, lines
+    if died:
+        first = died[0]
+        phrase, status = how_it_ended(rec.gone[first].returncode)
+        line = f"canary: {name(first)} {phrase} before the job finished; {LOST}"
+        if len(died) > 1:
+            line += f" ({', '.join(role(r) for r in died[1:])} ended too)"
+        return status, [line]
+    on_purpose = [*end.aborts, *(r for r in sorted(rec.ends) if rec.ends[r] != 0)]
+    if on_purpose:
+        first = on_purpose[0]
+        status = end.aborts.get(first, rec.ends.get(first, 1)) or 1
+        lines = [f"canary: {name(r)} ended the job with MPI_Abort({code})"
+                 for r, code in end.aborts.items() if r not in end.wrote_stderr]
+        return status, lines  # the others have said why
+    if not rec.starts:  # the ranks could not record (another host, or another MPI): trust mpiexec
+        code = end.mpiexec_status
+        return (code if code >= 0 else 128 - code), []
+    status = end.mpiexec_status if end.mpiexec_status > 0 else 1
+    names = ", ".join(name(r) for r in unfinished)
+    return status, [f"canary: the job ended before it finished ({names} did not finish); {LOST}"]
+
+
+# -- supervising mpiexec -------------------------------------------------------------------
+
+
+class _Stopper:
+    """Turns SIGINT/SIGTERM/SIGHUP to the launcher into stopping mpiexec (see module doc)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.since = 0.0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.forced = False
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum, self.since = signum, time.monotonic()
+            self.started(self.proc)
+        elif signum == signal.SIGINT:  # a second Ctrl-C: no more waiting
+            self._kill()
+
+    def started(self, proc: subprocess.Popen[bytes] | None) -> None:
+        """mpiexec is running as ``proc``: stop it at once if a signal came first."""
+        self.proc = proc
+        if proc is not None and self.signum is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+
+    def escalate(self, now: float) -> None:
+        """SIGKILL mpiexec if it has not ended :data:`STOP_GRACE` seconds after SIGTERM."""
+        if self.signum is not None and now - self.since > STOP_GRACE:
+            self._kill()
+
+    def _kill(self) -> None:
+        if not self.forced and self.proc is not None and self.proc.returncode is None:
+            self.forced = True
+            self.proc.kill()
+
+
+def _writer(stream: TextIO) -> Callable[[bytes], None]:
+    """Writes bytes to ``stream`` (through its binary buffer where it has one) at once."""
+    binary: BinaryIO | None = getattr(stream, "buffer", None)
+
+    def write(data: bytes) -> None:
+        try:
+            if binary is not None:
+                stream.flush()
+                binary.write(data)
+                binary.flush()
+            else:
+                stream.write(data.decode(errors="replace"))
+                stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the reader is gone (``canary run ... | head``): the job still runs to its end
+
+    return write
+
+
+def job_environment(env: dict[str, str], folder: str, ranks: int) -> dict[str, str]:
+    """``env`` plus what the ranks and their sentinels need to know of this run."""
+    me = os.getpid()
+    return dict(env, **{RUN_DIR: folder, RUN_RANKS: str(ranks),
+                        LAUNCHER: f"{me} {process_start_time(me) or 0} {socket.gethostname()}"})
+
+
+def supervise(command: list[str], env: dict[str, str], ranks: int, hydra: bool) -> int:
+    """Run the mpiexec ``command`` (``ranks`` ranks, started by ``python -m canary.ranks``)
+    to its end and return ``canary run``'s exit status (see :func:`verdict`).
+
+    ``hydra``: the command carries :func:`hydra_options`, and the output goes through
+    :class:`OutputFilter`; otherwise mpiexec writes straight to this process's stdout and
+    stderr. Raises OSError if mpiexec cannot be started.
+    """
+    folder = tempfile.mkdtemp(prefix="canary-run-")
+    stopper = _Stopper()
+    stopper.install()
+    try:
+        proc = subprocess.Popen(
+            command, env=job_environment(env, folder, ranks), start_new_session=True,
+            # without it a `kill -9` of canary run would leave mpiexec and every rank running
+            preexec_fn=die_with_parent(signal.SIGTERM),
+            stdout=subprocess.PIPE if hydra else None, stderr=subprocess.PIPE if hydra else None)
+        stopper.started(proc)
+        filt = OutputFilter(ranks) if hydra else None
+        if filt is not None:
+            _pump(proc, filt, stopper)
+        while proc.returncode is None:
+            try:
+                proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                stopper.escalate(time.monotonic())
+        records = read_records(folder)
+        _end_leftover_ranks(records)
+        end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname())
+        if filt is not None:
+            end.timed_out, end.aborts = filt.timed_out, filt.aborts
+            end.wrote_stderr = filt.wrote_stderr
+        status, lines = verdict(end)
+        _writer(sys.stderr)("".join(f"{line}\n" for line in lines).encode())
+        return status
+    finally:
+        stopper.restore()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper) -> None:
+    """Pass mpiexec's output through ``filt`` until both streams end (or mpiexec has ended
+    and a process it left behind still holds them)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    sinks = {STDOUT: _writer(sys.stdout), STDERR: _writer(sys.stderr)}
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, STDOUT)
+    sel.register(proc.stderr, selectors.EVENT_READ, STDERR)
+    ended_at: float | None = None
+    while sel.get_map():
+        for key, _ in sel.select(timeout=0.1):
+            data = os.read(key.fd, 1 << 16)
+            if data:
+                filt.feed(key.data, data, time.monotonic())
+            else:
+                sel.unregister(key.fileobj)
+        now = time.monotonic()
+        filt.tick(now)
+        for stream, data in filt.take():
+            sinks[stream](data)
+        stopper.escalate(now)
+        if proc.poll() is not None:
+            ended_at = ended_at or now
+            if now - ended_at > 1.0:
+                break
+    sel.close()
+    proc.stdout.close()
+    proc.stderr.close()
+    filt.finish(stopped=stopper.signum is not None)
+    for stream, data in filt.take():
+        sinks[stream](data)
+
+
+def _end_leftover_ranks(records: RunRecords, wait: float = 3.0) -> None:
+    """Kill the ranks on this host that outlive mpiexec by ``wait`` seconds (a process is only
+    killed if its pid and start time are the rank's own)."""
+    host = socket.gethostname()
+    mine = [s for s in records.starts.values()
+            if s.host == host and s.started is not None and process_start_time(s.pid) == s.started]
+    deadline = time.monotonic() + wait
+    for start in mine:
+        left = deadline - time.monotonic()
+        if wait_for_exit([start.pid], max(left, 0.0)) is None:
+            stop_process(start.pid, grace=1.0)
+
+
+def checkout_root() -> str | None:
+    """The repository root when canary is imported from a source checkout (None once
+    installed): the ranks must import this same canary, not whichever one is installed."""
+    root = Path(__file__).resolve().parent.parent
+    return str(root) if (root / "worker" / "__init__.py").exists() else None

@@ -1,0 +1,198 @@
+"""The rank side of ``canary run``: what each rank records so that the launcher can say how the
+job ended.
+
+``canary run`` starts every rank as ``python -u -m canary.ranks SCRIPT ARGS`` (under its
+sentinel, :mod:`canary.sentinel`), which runs SCRIPT exactly as ``python -m mpi4py SCRIPT
+ARGS`` does (an uncaught exception on one rank ends the whole MPI job) and, when the launcher
+named a run folder (``CANARY_RUN_DIR``), also:
+
+* records ``start-R.json`` (pid, host, start time, sentinel) when the rank starts;
+* records ``end-R.json`` with the driver's exit status when the driver ends by itself (a
+  rank that ends without it, its sentinel notes as ``gone-R.json``);
+* lets a driver that fails the same way on every rank (an argument error, a bad input file)
+  end without ``MPI_Abort``: a rank that ends with a non-zero status first waits up to
+  :data:`END_WAIT` seconds for every rank to end; only if some rank is still running (and
+  would wait for this one forever) is the job aborted. So no rank is killed before it has
+  said why, and MPI adds no abort messages.
+
+Without ``CANARY_RUN_DIR`` (launched by hand) it is plain ``python -m mpi4py``.
+
+``canary/__init__.py`` must not import this module: run with ``-m`` it would then exist twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from canary.sentinel import (
+    RUN_DIR,
+    RUN_RANKS,
+    SENTINEL,
+    env_rank,
+    process_start_time,
+    record_path,
+    write_record,
+)
+
+END_WAIT = 3.0  # seconds a failing rank waits for the others to end before aborting the job
+
+
+def role(rank: int) -> str:
+    """How messages name a rank: ``rank 0 (controller)`` or ``rank 2 (worker 1)``."""
+    return "rank 0 (controller)" if rank == 0 else f"rank {rank} (worker {rank - 1})"
+
+
+@dataclass(frozen=True)
+class RankStart:
+    """What a rank recorded when it started."""
+
+    rank: int
+    pid: int
+    host: str
+    started: str | None  # the process's start time (see sentinel.process_start_time)
+    sentinel: int  # the pid of the rank's sentinel (its parent), 0 if it has none
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A rank that ended without finishing, as its sentinel saw it."""
+
+    returncode: int  # subprocess's convention: negative for the signal that killed it
+    time: float  # when the sentinel saw it end (time.time())
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """Everything the ranks of one run recorded: who started, who ended by itself with which
+    status, and who ended without finishing (with the time its sentinel saw it go)."""
+
+    starts: dict[int, RankStart]
+    ends: dict[int, int]
+    gone: dict[int, Gone]
+
+
+def read_records(folder: str | os.PathLike[str]) -> RunRecords:
+    """The records in run folder ``folder``; a record that cannot be read counts as absent."""
+    starts: dict[int, RankStart] = {}
+    ends: dict[int, int] = {}
+    gone: dict[int, Gone] = {}
+    for path in sorted(Path(folder).glob("*-*.json")):
+        kind = path.stem.partition("-")[0]
+        try:
+            data = json.loads(path.read_text())
+            rank = int(data["rank"])
+            if kind == "start":
+                starts[rank] = RankStart(rank, int(data["pid"]), str(data["host"]),
+                                         data.get("started"), int(data.get("sentinel", 0)))
+            elif kind == "end":
+                ends[rank] = int(data["status"])
+            elif kind == "gone":
+                gone[rank] = Gone(int(data["returncode"]), float(data["time"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return RunRecords(starts, ends, gone)
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """This rank's place in a run launched by ``canary run``."""
+
+    folder: str
+    rank: int
+    ranks: int
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str] = os.environ) -> RankRun | None:
+        """This process's run, or None when it was not launched by ``canary run`` (or its MPI
+        does not say which rank it is before MPI starts)."""
+        folder, rank = environ.get(RUN_DIR), env_rank(environ)
+        ranks = environ.get(RUN_RANKS, "")
+        if not folder or rank is None or not ranks.isdigit():
+            return None
+        return RankRun(folder, rank, int(ranks))
+
+    def start(self, environ: Mapping[str, str] = os.environ) -> None:
+        """Record that this rank started. Never raises: a rank that cannot record (the run
+        folder is on another host) runs all the same."""
+        sentinel = environ.get(SENTINEL, "")
+        write_record(self.folder, "start", self.rank,
+                     {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
+                      "started": process_start_time(os.getpid()),
+                      "sentinel": int(sentinel) if sentinel.isdigit() else 0})
+
+    def end(self, status: int, wait: float = END_WAIT) -> bool:
+        """Record that the driver ended on this rank with exit ``status``.
+
+        Returns True when every rank of the job is known to have ended (so none is left
+        waiting for this one and the job needs no ``MPI_Abort``). A non-zero ``status`` waits
+        up to ``wait`` seconds for that: every rank of a driver that rejects its arguments or
+        input fails at about the same moment.
+        """
+        if not write_record(self.folder, "end", self.rank, {"rank": self.rank, "status": status}):
+            return False  # the run folder is not on this host: the others cannot be seen
+        deadline = time.monotonic() + (wait if status != 0 else 0.0)
+        while True:
+            if all(os.path.exists(record_path(self.folder, "end", r)) for r in range(self.ranks)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
+def end_rank(status: int, environ: Mapping[str, str] = os.environ) -> bool:
+    """Record that the driver ended on this rank with ``status`` (see :meth:`RankRun.end`).
+
+    Returns False at once when the process was not launched by ``canary run``.
+    """
+    run = RankRun.from_environ(environ)
+    return run is not None and run.end(status)
+
+
+def exit_status(exc: SystemExit) -> int:
+    """The exit status Python gives ``exc``: None is 0, a message is 1."""
+    code = exc.code
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m canary.ranks SCRIPT [ARGS]``: run SCRIPT as ``python -m mpi4py`` would,
+    recording this rank's start and end for ``canary run`` (see the module docstring)."""
+    from mpi4py import run as mpi4py_run
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        sys.exit("usage: python -m canary.ranks SCRIPT [ARGS]")
+    run = RankRun.from_environ()
+    if run is not None:
+        run.start()
+    try:
+        mpi4py_run.run_command_line(args)
+    except SystemExit as exc:
+        status = exit_status(exc)
+        if status != 0 and not (run is not None and run.end(status)):
+            mpi4py_run.set_abort_status(status)  # some rank may still wait for this one
+        elif status == 0 and run is not None:
+            run.end(0)
+        raise
+    except KeyboardInterrupt as exc:
+        mpi4py_run.set_abort_status(exc)
+        raise
+    except BaseException:
+        if not (run is not None and run.end(1)):
+            mpi4py_run.set_abort_status(1)
+        raise
+    if run is not None:
+        run.end(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The sentinel: the small parent process of each rank of a ``canary run`` job.
+
+``canary run`` makes a run folder and names it to every rank (``CANARY_RUN_DIR``), and mpiexec
+starts each rank as ``python -I -S sentinel.py python -u -m canary.ranks SCRIPT ARGS``. The
+sentinel imports nothing of canary (it starts in milliseconds), starts the rank as its child,
+and ends the way the rank ended (same exit status, same signal), so MPI sees no difference.
+It does three things:
+
+* When the rank ends without having recorded a normal end (``end-R.json``, see
+  :mod:`canary.ranks`), it writes ``gone-R.json`` with how the rank ended (killed by a signal,
+  crashed, ``os._exit``) *before* it ends itself. MPICH's process manager learns that a rank
+  ended only when the sentinel does, and then kills every rank's process group, sentinels
+  included; so the ranks with a ``gone`` note are the ones that ended first, not those killed
+  while cleaning up, and the note is written before any cleanup starts.
+* It passes SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 on to the rank. The rank gets SIGKILL
+  if the sentinel dies (``PR_SET_PDEATHSIG`` on Linux).
+* When the launcher process is gone (``kill -9`` of ``canary run``), it stops the rank: SIGTERM,
+  then SIGKILL after :data:`STOP_GRACE` seconds. It watches the launcher only when the launcher
+  runs on its host (same host name, and the pid's start time matches, so a recycled pid or
+  another pid namespace is never mistaken for it).
+
+Without a run folder and a rank in the environment it just runs the command in its place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+RUN_DIR = "CANARY_RUN_DIR"  # the run folder the launcher made
+RUN_RANKS = "CANARY_RUN_RANKS"  # how many ranks the job has
+LAUNCHER = "CANARY_LAUNCHER"  # "PID START HOST": the launcher process
+SENTINEL = "CANARY_SENTINEL"  # the sentinel's pid, for the rank's start record
+# Where MPI launchers put a process's rank (MPICH/hydra, Open MPI, PMIx): reading them leaves
+# ``import mpi4py.MPI`` (and its rc settings) to the driver.
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+STOP_GRACE = 3.0  # seconds a rank gets to end after SIGTERM before SIGKILL
+POLL = 0.2  # seconds between checks where pidfds are not available
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def env_rank(environ: Mapping[str, str]) -> int | None:
+    """This process's MPI rank as its launcher set it in ``environ``, or None."""
+    value = next((environ[v] for v in RANK_VARIABLES if environ.get(v, "").isdigit()), None)
+    return None if value is None else int(value)
+
+
+def record_path(folder: str, kind: str, rank: int) -> str:
+    """The file of record ``kind`` (``start``, ``end`` or ``gone``) of ``rank`` in ``folder``."""
+    return os.path.join(folder, f"{kind}-{rank}.json")
+
+
+def write_record(folder: str, kind: str, rank: int, data: dict[str, object]) -> bool:
+    """Write record ``kind`` of ``rank`` whole or not at all (a reader never sees half of it).
+
+    Returns False, without raising, if the folder is not there or not writable: the run folder
+    is only visible to ranks on the launcher's host (or on a shared file system), and a rank
+    that cannot record must still run.
+    """
+    path = record_path(folder, kind, rank)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        return False
+    return True
+
+
+def process_start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``), or None if it does
+    not exist or this system has no ``/proc``. A pid and its start time name one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: count from the last ')'
+    fields = stat[stat.rfind(")") + 2:].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a zombie has ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no /proc: kill(pid, 0) succeeded, so it is there
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X", "")
+
+
+def wait_for_exit(pids: list[int], timeout: float | None = None) -> int | None:
+    """Block until one of ``pids`` has ended; return it (None after ``timeout`` seconds).
+
+    Uses pidfds where the system has them (woken at once, no polling), else polls every
+    :data:`POLL` seconds. A pid that is already gone is returned at once. For a child of the
+    caller, "ended" includes being a zombie: it is not reaped here.
+    """
+    fds: dict[int, int] = {}
+    try:
+        if hasattr(os, "pidfd_open"):
+            for pid in pids:
+                try:
+                    fds[os.pidfd_open(pid)] = pid
+                except ProcessLookupError:
+                    return pid
+                except OSError:  # pidfds not supported here after all: poll
+                    fds.clear()
+                    break
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for pid in pids:
+                if not is_running(pid):
+                    return pid
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if fds:
+                ready, _, _ = select.select(list(fds), [], [], left)
+                if ready:
+                    return fds[ready[0]]
+            else:
+                time.sleep(POLL if left is None else min(POLL, left))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def stop_process(pid: int, grace: float = STOP_GRACE) -> None:
+    """End process ``pid``: SIGTERM, then SIGKILL if it is still there ``grace`` seconds later."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        if wait_for_exit([pid], grace) is None:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def visible_launcher(value: str) -> int | None:
+    """The launcher's pid from ``CANARY_LAUNCHER`` (``PID START HOST``) if that process runs on
+    this host and is still the launcher, else None."""
+    try:
+        pid_text, start, host = value.split()
+        pid = int(pid_text)
+    except ValueError:
+        return None
+    if host != socket.gethostname() or process_start_time(pid) != start:
+        return None
+    return pid
+
+
+def die_with_parent(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``sig`` when the calling process dies, even by
+    SIGKILL (Linux's ``PR_SET_PDEATHSIG``; None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(sig))
+        if os.getppid() != parent:  # the parent died before the line above
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | None) -> int:
+    """Run the rank ``command`` as a child until it ends, as the module docstring says.
+
+    Returns its returncode in :mod:`subprocess`'s convention (negative: killed by that signal).
+    """
+    child = subprocess.Popen(command, close_fds=False, preexec_fn=die_with_parent(signal.SIGKILL),
+                             env=dict(os.environ, **{SENTINEL: str(os.getpid())}))
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    launcher_gone = False
+    while True:
+        if wait_for_exit([child.pid] if launcher is None else [child.pid, launcher]) == child.pid:
+            break
+        # The launcher is gone: nobody will collect this run, and the job must not outlive it.
+        launcher_gone, launcher = True, None
+        shutil.rmtree(folder, ignore_errors=True)
+        stop_process(child.pid)
+    code = child.wait()
+    if not launcher_gone and not os.path.exists(record_path(folder, "end", rank)):
+        write_record(folder, "gone", rank,
+                     {"rank": rank, "pid": child.pid, "returncode": code, "time": time.time()})
+    return code
+
+
+def exit_like(code: int) -> None:
+    """End this process as a child with returncode ``code`` ended (the same signal or status)."""
+    if code < 0:
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the rank's crash, not ours
+        except (ImportError, ValueError, OSError):
+            pass
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+            pass
+        os.kill(os.getpid(), -code)
+        code = 128 - code  # a signal that does not end a process by default
+    os._exit(code)
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.exit("usage: python -I -S sentinel.py COMMAND [ARGS]")
+    folder, rank = os.environ.get(RUN_DIR), env_rank(os.environ)
+    if not folder or rank is None or not os.path.isdir(folder):
+        os.execvp(argv[0], argv)  # nothing to record here: be the rank
+    launcher = visible_launcher(os.environ.get(LAUNCHER, ""))
+    exit_like(supervise_rank(argv, folder, rank, launcher))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

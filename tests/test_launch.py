@@ -1,0 +1,516 @@
+"""``canary run`` supervising its job: output read back per rank, the verdict on how the job
+ended, the rank sentinel, and real runs that are stopped, lose a rank or fail on every rank."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from canary.launch import (
+    LOST,
+    STDERR,
+    STDOUT,
+    JobEnd,
+    OutputFilter,
+    how_it_ended,
+    sentinel_command,
+    supervise,
+    verdict,
+)
+from canary.ranks import Gone, RankRun, RankStart, RunRecords, read_records
+from canary.sentinel import LAUNCHER, RUN_DIR, RUN_RANKS, process_start_time, write_record
+from tests.conftest import ROOT
+
+DRIVERS = Path(__file__).parent / "drivers"
+
+
+def tag(rank: int, text: str) -> bytes:
+    return f"\x1e{rank}\x1f{text}".encode()
+
+
+def written(filt: OutputFilter, stream: int | None = None) -> list[str]:
+    return [data.decode() for s, data in filt.take() if stream is None or s == stream]
+
+
+# -- reading hydra's tagged output ----------------------------------------------------------
+
+
+def test_a_line_every_rank_prints_shows_once_whichever_rank_comes_first() -> None:
+    f = OutputFilter(ranks=3)
+    f.feed(STDERR, tag(2, "usage: x [-h]\n") + tag(1, "usage: x [-h]\n"), now=0.0)
+    assert written(f) == []  # held: rank 0 may print the same
+    f.feed(STDERR, tag(0, "usage: x [-h]\n"), now=0.5)
+    assert written(f) == ["usage: x [-h]\n"]
+    f.feed(STDERR, tag(1, "x: error: bad\n") + tag(0, "x: error: bad\n"), now=0.6)
+    f.feed(STDERR, tag(2, "x: error: bad\n"), now=0.7)  # after rank 0's: dropped at once
+    f.finish()
+    assert written(f) == ["x: error: bad\n"]
+
+
+def test_a_workers_own_lines_are_released_after_the_hold_in_order() -> None:
+    f = OutputFilter(ranks=3, hold=2.0)
+    f.feed(STDOUT, tag(1, "kernel 1 says a\n") + tag(1, "kernel 1 says b\n"), now=10.0)
+    f.feed(STDOUT, tag(0, "iter 1\n"), now=10.5)
+    assert written(f) == ["iter 1\n"]
+    f.tick(11.0)
+    assert written(f) == []
+    f.tick(12.0)
+    assert written(f) == ["kernel 1 says a\n", "kernel 1 says b\n"]
+
+
+def test_rank_zero_repeating_a_line_only_hides_as_many_copies() -> None:
+    f = OutputFilter(ranks=2)
+    f.feed(STDOUT, tag(0, "step\n"), now=0.0)
+    f.feed(STDOUT, tag(1, "step\n") + tag(1, "step\n"), now=0.1)
+    f.finish()
+    assert written(f) == ["step\n", "step\n"]  # rank 0's, and rank 1's second one
+
+
+def test_lines_are_rebuilt_from_chunks_that_interleave_ranks_and_split_tags() -> None:
+    # hydra tags every chunk it forwards, so one rank's line may arrive in pieces with another
+    # rank's chunk in between, and a read may end inside a tag
+    f = OutputFilter(ranks=2)
+    data = tag(1, "c1") + tag(0, "c0") + tag(1, "-cont1\n") + tag(0, "-cont0\n")
+    f.feed(STDOUT, data[:5], now=0.0)
+    f.feed(STDOUT, data[5:9], now=0.0)
+    f.feed(STDOUT, data[9:], now=0.0)
+    f.finish()
+    assert written(f) == ["c0-cont0\n", "c1-cont1\n"]
+
+
+def test_an_unfinished_line_is_shown_after_the_hold() -> None:
+    f = OutputFilter(ranks=2, hold=1.0)
+    f.feed(STDOUT, tag(1, "progress: ..."), now=0.0)
+    f.tick(0.5)
+    assert written(f) == []
+    f.tick(1.0)
+    assert written(f) == ["progress: ..."]
+
+
+def test_mpich_abort_lines_and_banners_are_dropped_and_noted() -> None:
+    f = OutputFilter(ranks=3)
+    f.feed(STDERR, tag(0, "canary: job aborted: rank 2 (worker 1): boom\n"), now=0.0)
+    f.feed(STDERR, tag(0, "Abort(1) on node 0 (rank 0 in comm 496): application called "
+                          "MPI_Abort(comm=0x84000002, 1) - process 0\n"), now=0.0)
+    f.feed(STDOUT, b"\n" + b"=" * 83 + b"\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION "
+           b"PROCESSES\n=   PID 123 RUNNING AT vm\n=   EXIT CODE: 9\n" + b"=" * 83 + b"\n"
+           b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n"
+           b"This typically refers to a problem with your application.\n"
+           b"Please see the FAQ page for debugging suggestions\n", now=0.0)
+    f.feed(STDERR, tag(2, "Abort(2) on node 2 (rank 2 in comm 0): application called "
+                          "MPI_Abort(MPI_COMM_WORLD, 2) - process 2"), now=0.0)  # no newline
+    f.finish()
+    assert written(f) == ["canary: job aborted: rank 2 (worker 1): boom\n"]
+    assert f.aborts == {0: 1, 2: 2} and f.wrote_stderr == {0}
+
+
+def test_mpiexec_own_messages_pass_unless_canary_says_them() -> None:
+    f = OutputFilter(ranks=2)
+    failure = "[mpiexec@vm] HYDU_create_process (lib/utils/launch.c:73): execvp error\n"
+    dying = "[proxy:0@vm] HYD_pmcd_pmip_control_cmd_cb (pmip_cb.c:490): assert (!closed) failed\n"
+    f.feed(STDOUT, tag(0, "last line\n") + b"[mpiexec@vm] APPLICATION TIMED OUT, TIMEOUT = 20s\n"
+           + failure.encode(), now=0.0)
+    f.feed(STDERR, dying.encode(), now=0.0)
+    f.finish()
+    assert written(f) == ["last line\n", failure]  # the proxy complained as it was killed
+    assert f.timed_out == 20
+    g = OutputFilter(ranks=2)
+    g.feed(STDERR, dying.encode(), now=0.0)
+    g.finish()
+    assert written(g) == [dying]  # ... but when nothing stopped the job, it may be news
+
+
+# -- the verdict ----------------------------------------------------------------------------
+
+
+def records(starts: int = 3, ends: dict[int, int] | None = None,
+            gone: dict[int, tuple[int, float]] | None = None) -> RunRecords:
+    return RunRecords({r: RankStart(r, 100 + r, "here", "1", 200 + r) for r in range(starts)},
+                      ends or {}, {r: Gone(code, t) for r, (code, t) in (gone or {}).items()})
+
+
+def end(rec: RunRecords, mpiexec_status: int = 0, **kw: object) -> JobEnd:
+    return JobEnd(records=rec, mpiexec_status=mpiexec_status, host="here",
+                  **kw)  # type: ignore[arg-type]
+
+
+def test_success_is_the_controller_finishing() -> None:
+    assert verdict(end(records(ends={0: 0, 1: 0, 2: 0}))) == (0, [])
+    # a driver that stops early by itself on every rank gives its own status and no message
+    assert verdict(end(records(ends={0: 2, 1: 2, 2: 2}), 2)) == (2, [])
+
+
+def test_a_worker_that_exits_with_0_mid_job_is_a_failure_that_names_it() -> None:
+    status, lines = verdict(end(records(gone={2: (0, 5.0)}), 0))
+    assert status == 1
+    assert lines == [f"canary: rank 2 (worker 1, pid 102) exited with status 0 before the job "
+                     f"finished; {LOST}"]
+
+
+def test_the_rank_that_died_first_is_named_with_its_signal() -> None:
+    rec = records(gone={0: (-9, 7.0), 2: (-9, 5.0)})  # both seen going; rank 2 first
+    status, lines = verdict(end(rec, 9))
+    assert status == 128 + 9
+    assert lines[0].startswith("canary: rank 2 (worker 1, pid 102) was killed by SIGKILL before "
+                               "the job finished; the job's results are lost")
+    assert lines[0].endswith("(rank 0 (controller) ended too)")
+    assert how_it_ended(-11) == ("was killed by SIGSEGV", 139)
+    assert how_it_ended(3) == ("exited with status 3", 3)
+
+
+def test_a_rank_that_aborted_the_job_on_purpose_has_said_why() -> None:
+    rec = records(gone={2: (1, 5.0)})  # MPI_Abort ends the process: the sentinel sees it go
+    assert verdict(end(rec, 1, aborts={2: 1}, wrote_stderr={2})) == (1, [])
+    status, lines = verdict(end(rec, 1, aborts={2: 3}))  # ... unless it printed nothing
+    assert status == 3 and lines == ["canary: rank 2 (worker 1, pid 102) ended the job with "
+                                     "MPI_Abort(3)"]
+
+
+def test_stopping_and_time_limit_are_one_line_each() -> None:
+    assert verdict(end(records(), -15, stopped_by=signal.SIGINT)) == (
+        130, ["canary: interrupted; job stopped"])
+    assert verdict(end(records(), -15, stopped_by=signal.SIGTERM))[0] == 143
+    status, lines = verdict(end(records(), 255, timed_out=60))
+    assert status == 124 and "time limit of 60 s" in lines[0]
+
+
+def test_without_records_mpiexec_is_trusted_and_a_late_death_does_not_undo_success() -> None:
+    assert verdict(end(RunRecords({}, {}, {}), 3)) == (3, [])
+    assert verdict(end(RunRecords({}, {}, {}), -9)) == (137, [])
+    status, lines = verdict(end(records(ends={0: 0, 1: 0}, gone={2: (-9, 1.0)}), 9))
+    assert status == 0 and lines == [
+        "canary: note: rank 2 (worker 1, pid 102) was killed by SIGKILL after the controller had "
+        "finished the job; the results are complete"]
+
+
+class FakeMpiexec:
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+        self.calls: list[str] = []
+
+    def send_signal(self, sig: int) -> None:
+        self.calls.append(signal.Signals(sig).name)
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+
+
+def test_a_stop_signal_terminates_mpiexec_then_kills_after_a_grace_or_a_second_ctrl_c() -> None:
+    from canary.launch import STOP_GRACE, _Stopper
+
+    early = _Stopper()
+    early._handle(signal.SIGTERM, None)  # before mpiexec started: it is stopped as it starts
+    first = FakeMpiexec()
+    early.started(first)  # type: ignore[arg-type]
+    assert first.calls == ["SIGTERM"] and early.signum == signal.SIGTERM
+    early.escalate(early.since + STOP_GRACE / 2)
+    assert first.calls == ["SIGTERM"]
+    early.escalate(early.since + STOP_GRACE + 1)
+    assert first.calls == ["SIGTERM", "kill"]
+    impatient, second = _Stopper(), FakeMpiexec()
+    impatient.started(second)  # type: ignore[arg-type]
+    impatient._handle(signal.SIGINT, None)
+    impatient._handle(signal.SIGINT, None)
+    assert second.calls == ["SIGTERM", "kill"] and impatient.signum == signal.SIGINT
+
+
+# -- the rank side and its sentinel, without MPI ---------------------------------------------
+
+
+def run_env(folder: Path, rank: int = 0, ranks: int = 1, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "CANARY_"))}
+    return dict(env, **{RUN_DIR: str(folder), RUN_RANKS: str(ranks), "PMI_RANK": str(rank)},
+                **extra)
+
+
+@pytest.mark.parametrize("body, returncode", [("import os; os._exit(0)", 0),
+                                              ("import os; os.kill(os.getpid(), 9)", -9)])
+def test_the_sentinel_notes_a_rank_that_ends_without_finishing_and_ends_alike(
+        tmp_path: Path, body: str, returncode: int) -> None:
+    r = subprocess.run([*sentinel_command(), sys.executable, "-c", body],
+                       env=run_env(tmp_path, rank=2, ranks=3), timeout=60)
+    assert r.returncode == returncode  # MPI sees what it would have seen without a sentinel
+    gone = read_records(tmp_path).gone
+    assert list(gone) == [2] and gone[2].returncode == returncode
+
+
+def test_a_rank_that_records_its_end_is_not_noted_as_gone(tmp_path: Path) -> None:
+    code = ("from canary.ranks import end_rank; import sys; "
+            "sys.exit(3 if end_rank(3) else 4)")
+    r = subprocess.run([*sentinel_command(), sys.executable, "-c", code], cwd=ROOT,
+                       env=run_env(tmp_path), timeout=60)
+    assert r.returncode == 3  # the only rank has ended: no abort needed
+    rec = read_records(tmp_path)
+    assert rec.ends == {0: 3} and rec.gone == {}
+
+
+def test_a_failing_rank_waits_for_the_others_then_says_whether_all_ended(tmp_path: Path) -> None:
+    run = RankRun(str(tmp_path), rank=1, ranks=3)
+    write_record(str(tmp_path), "end", 0, {"rank": 0, "status": 2})
+    assert not run.end(2, wait=0.2)  # rank 2 is still running: the job must be aborted
+    write_record(str(tmp_path), "end", 2, {"rank": 2, "status": 2})
+    assert run.end(2, wait=0.2)
+    assert RankRun.from_environ({RUN_DIR: "/x", RUN_RANKS: "3", "PMI_RANK": "1"}) == RankRun(
+        "/x", 1, 3)
+    assert RankRun.from_environ({RUN_DIR: "/x", RUN_RANKS: "3"}) is None  # rank unknown
+
+
+def test_run_main_turns_a_canary_error_into_one_line_and_status_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from canary.errors import TaskError
+    from canary.script import run_main
+
+    pkg = tmp_path / f"drivers_{uuid.uuid4().hex}"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "declares.py").write_text(
+        "import canary\ndef main(argv):\n    raise canary.DeclarationError('a/2 vs b/3')\n")
+    (pkg / "runs.py").write_text(
+        "import canary\ndef main(argv):\n    raise canary.TaskError('stage s failed')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run_main puts the package root on it
+    assert run_main(str(pkg / "declares.py"), []) == 2
+    assert capsys.readouterr().err == "declares: error: a/2 vs b/3\n"
+    with pytest.raises(TaskError, match="stage s failed"):  # a failed job keeps its traceback
+        run_main(str(pkg / "runs.py"), [])
+
+
+def test_the_sentinel_stops_its_rank_when_the_launcher_is_gone(tmp_path: Path) -> None:
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        me = f"{launcher.pid} {process_start_time(launcher.pid)} {os.uname().nodename}"
+        rank = subprocess.Popen([*sentinel_command(), sys.executable, "-c",
+                                 "import time; print('up', flush=True); time.sleep(120)"],
+                                env=run_env(tmp_path, **{LAUNCHER: me}), stdout=subprocess.PIPE)
+        assert rank.stdout is not None and rank.stdout.readline() == b"up\n"
+        launcher.kill()
+        assert rank.wait(timeout=30) == -signal.SIGTERM
+        assert not tmp_path.exists()  # nobody is left to collect the run
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_supervise_passes_another_mpis_output_through_and_reads_the_records(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # a stand-in for another MPI's mpiexec: one rank under its sentinel that exits mid-job
+    fake = [*sentinel_command(), sys.executable, "-c",
+            "import os; print('rank output', flush=True); os._exit(0)"]
+    env = run_env(tmp_path)
+    del env[RUN_DIR]  # supervise makes the run folder
+    status = supervise(fake, env, ranks=1, hydra=False)
+    out, err = capfd.readouterr()
+    assert out == "rank output\n" and status == 1
+    assert err == ("canary: rank 0 (controller) exited with status 0 before the job finished; "
+                   f"{LOST}\n")
+
+
+# -- real runs through `canary run` ---------------------------------------------------------
+
+LR = "apps/logistic_regression.py"
+MARK = "CANARY_TEST_MARK"
+
+
+def canary_run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m canary.cli run -n 2 ARGS`` from the repository, with hard time limits."""
+    return subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout",
+                           str(timeout), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout + 60)
+
+
+def marked(mark: str) -> dict[int, str]:
+    """Every process whose environment holds ``MARK=mark``: pid -> command line."""
+    found = {}
+    needle = f"{MARK}={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                cmdline = (entry / "cmdline").read_bytes()
+                found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return found
+
+
+class LongJob:
+    """A logistic regression that would run for hours, started by ``canary run`` in its own
+    session (as a shell starts a foreground job) with a unique marker in its environment."""
+
+    def __init__(self) -> None:
+        self.mark = uuid.uuid4().hex
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout", "300", LR,
+             "--generate", "50000,20", "--max-iter", "10000000", "--tol", "1e-300",
+             "--print-every", "100"],
+            cwd=ROOT, env=dict(os.environ, **{MARK: self.mark}), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.err: list[str] = []
+        out, err = self.proc.stdout, self.proc.stderr
+        assert out is not None and err is not None
+        threading.Thread(target=lambda: [self.lines.put(x) for x in out], daemon=True).start()
+        threading.Thread(target=lambda: self.err.extend(err), daemon=True).start()
+
+    def wait_running(self, timeout: float = 150.0) -> None:
+        """Return once the job prints progress (every rank is in the job)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if self.lines.get(timeout=1.0).startswith("iter"):
+                    return
+            except queue.Empty:
+                assert self.proc.poll() is None, "".join(self.err)
+        raise AssertionError(f"no progress within {timeout} s: {''.join(self.err)}")
+
+    def rank_pid(self, rank: int) -> int:
+        for pid, cmd in marked(self.mark).items():
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"PMI_RANK={rank}".encode() in environ and "-m canary.ranks" in cmd \
+                    and "sentinel.py" not in cmd:
+                return pid
+        raise AssertionError(f"rank {rank} not found")
+
+    def finish(self, timeout: float = 60.0) -> tuple[int, str]:
+        status = self.proc.wait(timeout=timeout)
+        time.sleep(0.2)  # the reader thread takes the last lines
+        return status, "".join(self.err)
+
+    def leftovers(self, timeout: float = 30.0) -> dict[int, str]:
+        """The job's processes still there after ``timeout`` seconds (none, we hope)."""
+        end = time.monotonic() + timeout
+        while (left := marked(self.mark)) and time.monotonic() < end:
+            time.sleep(0.2)
+        return left
+
+    def clean_up(self) -> None:
+        for pid in marked(self.mark):  # only this test's processes carry its marker
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def long_job() -> object:
+    job = LongJob()
+    yield job
+    job.clean_up()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_canary_run_stops_every_process_of_the_job(long_job: LongJob,
+                                                            sig: signal.Signals) -> None:
+    long_job.wait_running()
+    assert len(marked(long_job.mark)) >= 1 + 1 + 1 + 3 + 3  # launcher, mpiexec, proxy, ranks
+    os.kill(long_job.proc.pid, sig)  # what `kill PID`, Popen.terminate() or a supervisor does
+    status, err = long_job.finish()
+    assert long_job.leftovers() == {}
+    if sig == signal.SIGTERM:
+        assert status == 143 and err == "canary: terminated; job stopped\n"
+
+
+def test_ctrl_c_stops_the_job_with_one_line(long_job: LongJob) -> None:
+    long_job.wait_running()
+    os.killpg(long_job.proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the foreground group
+    status, err = long_job.finish()
+    assert status == 130 and err == "canary: interrupted; job stopped\n"
+    assert long_job.leftovers() == {}
+
+
+def test_a_killed_worker_is_named_with_its_signal(long_job: LongJob) -> None:
+    long_job.wait_running()
+    victim = long_job.rank_pid(2)
+    os.kill(victim, signal.SIGKILL)
+    status, err = long_job.finish()
+    assert status == 128 + signal.SIGKILL
+    # (the controller may have complained of the lost peer before MPI killed it: the last word)
+    assert err.splitlines()[-1] == (f"canary: rank 2 (worker 1, pid {victim}) was killed by "
+                                    f"SIGKILL before the job finished; {LOST}")
+    assert long_job.leftovers() == {}
+
+
+def test_a_worker_exiting_with_0_mid_job_fails_the_job() -> None:
+    r = canary_run(str(DRIVERS / "worker_exits.py"), "exit")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("canary: rank 2 (worker 1, pid ")
+    assert "exited with status 0 before the job finished; the job's results are lost" in r.stderr
+    assert "sum" not in r.stdout and "BAD TERMINATION" not in r.stdout
+
+
+def test_workers_prints_are_shown_and_the_job_succeeds() -> None:
+    r = canary_run(str(DRIVERS / "worker_exits.py"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    for part in range(4):
+        assert lines.count(f"kernel on partition {part} says hello") == 1, r.stdout
+    assert "sum [6.0, 24.0]" in lines and r.stderr == ""
+
+
+def test_an_argument_error_and_help_print_once() -> None:
+    r = canary_run(LR, "--bogus")
+    assert r.returncode == 2
+    assert r.stderr.count("unrecognized arguments: --bogus") == 1, r.stderr
+    assert r.stderr.count("usage:") == 1 and "Abort" not in r.stderr and r.stdout == ""
+    h = canary_run(LR, "--help")
+    assert h.returncode == 0 and h.stdout.count("usage:") == 1 and h.stderr == ""
+
+
+def test_a_declaration_error_is_one_line_without_traceback() -> None:
+    r = canary_run(str(DRIVERS / "declaration_error.py"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "declaration_error: error: load '<lambda>': dataset 'a' has 2 partitions but 'b' has 3; "
+        "all datasets of a stage must be partitioned alike (use scatter_gather to move data "
+        "between partitionings)"]
+
+
+def test_malformed_input_read_by_a_task_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.svm"
+    bad.write_text("1 1:0.5 2:1.0\n0 1:0.25 2:oops\n1 1:1.0 2:2.0\n")
+    r = canary_run(LR, "--input", str(bad), "--partitions", "1")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "canary: job aborted: rank 1 (worker 0): stage 'load_rows' (id 0), load task on "
+        "partition 0 failed:",
+        f"{bad}:2: value 'oops' of feature 2 is not a number (expected INDEX:VALUE with "
+        "numeric VALUE)"]
+
+
+def test_a_failing_kernel_shows_its_traceback_once_and_no_mpi_banners() -> None:
+    r = canary_run(str(DRIVERS / "failing_kernel.py"))
+    assert r.returncode == 1 and r.stdout == ""
+    err = r.stderr
+    assert err.count("Traceback") == 1, err
+    assert err.count("ZeroDivisionError: kernel blew up on purpose") == 1, err
+    assert err.startswith("canary: job aborted: rank 2 (worker 1): stage 'explode'")
+    assert "Abort(" not in err
+
+
+def test_an_error_on_one_rank_only_is_shown_once_and_ends_the_job() -> None:
+    r = canary_run(str(DRIVERS / "one_rank_fails.py"))
+    assert r.returncode == 2
+    assert r.stderr == "one_rank_fails: error: rank 2 cannot read its input\n"
+
+
+def test_the_time_limit_stops_the_job_with_one_line() -> None:
+    r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "1", "--timeout", "5", LR,
+                        "--generate", "20000,5", "--max-iter", "10000000", "--tol", "1e-300",
+                        "--print-every", "0"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 124 and r.stdout == ""
+    assert r.stderr == ("canary: the job ran past its time limit of 5 s (--timeout or "
+                        f"MPIEXEC_TIMEOUT) and was stopped; {LOST}\n")
