@@ -599,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         "center_shift": float(r[3]),
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
         "controller_messages": result.scheduling_messages,
+        "migrations": result.migrations, "bytes_migrated": result.bytes_migrated,
     }
     print(f"final inertia {summary['inertia']:.12g} after {summary['iterations']} iterations",
           flush=True)

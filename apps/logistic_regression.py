@@ -376,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         "controller_cpu_percent": round(
             100 * result.controller_cpu_seconds / max(result.seconds, 1e-9), 3),
         "controller_messages": result.scheduling_messages,
+        "migrations": result.migrations, "bytes_migrated": result.bytes_migrated,
     }
     print(f"final objective {summary['objective']:.12g}  training accuracy "
           f"{summary['accuracy']:.4f}  after {summary['iterations']} iterations", flush=True)

@@ -725,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         "converged": bool(s[T_L1] < args.tol),
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
         "controller_messages": result.scheduling_messages,
+        "migrations": result.migrations, "bytes_migrated": result.bytes_migrated,
     }
     if top:
         summary["top"] = top

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 from canary.env import env_number
@@ -50,6 +52,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         config = WorkerConfig.from_env(window=window)
         startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0)
         loop_only = trace_level() == "loop"
+        policy = move_policy(os.environ)
     except ValueError as exc:  # the same mistake on every rank: rank 0 alone says so
         if rank == 0:
             print(f"canary: error: {exc}", file=sys.stderr, flush=True)
@@ -66,7 +69,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if rank == 0:
             from canary.controller.runtime import run_controller
 
-            result = run_controller(program, comm, tracer=tracer)
+            result = run_controller(program, comm, tracer=tracer, policy=policy)
         else:
             from canary.worker.runtime import run_worker
 
@@ -88,6 +91,22 @@ def run(program: Program, comm: object | None = None, window: int = 64,
               flush=True)
         _abort(comm, linger=1.0)
     return None  # pragma: no cover - Abort does not return
+
+
+CHAOS_ENV = "CANARY_CHAOS_MIGRATE"
+
+
+def move_policy(environ: Mapping[str, str]) -> Any:
+    """The controller's move policy: random moves with ``CANARY_CHAOS_MIGRATE=SEED`` (tests and
+    experiments: the answer must not change), else none. Raises ValueError naming the variable
+    for a value that is not a non-negative integer."""
+    raw = environ.get(CHAOS_ENV, "").strip()
+    if not raw:
+        return None
+    seed = int(env_number(CHAOS_ENV, 0, integer=True, environ=environ))
+    from canary.controller.balance import ChaosPolicy
+
+    return ChaosPolicy(seed, every=0.1, moves=2)
 
 
 # A tag within the range every MPI allows (up to 32767), used once per rank before the Dup.

@@ -1,8 +1,9 @@
 """Messages over MPI: the transport the two role runtimes send and receive through.
 
 The other modules that import mpi4py are the two runtimes, ``canary.mpi_runner`` (the start-up
-handshake and the communicator's ``Dup``) and ``canary.script`` (ending the job when a driver
-fails on one rank); ``tests/test_layering.py`` keeps it to these.
+handshake and the communicator's ``Dup``), ``canary.script`` (ending the job when a driver
+fails on one rank) and ``canary.ranks`` (how ``canary run`` starts each rank);
+``tests/test_layering.py`` keeps it to these.
 
 Headers are pickled (lower-case calls): pieces, signals and report parts as the compact tuples
 of :mod:`canary.wire`, other messages as they are. A large array in a :class:`Piece` or

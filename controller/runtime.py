@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import sys
 import time
+from itertools import count
+from typing import Any
 
 from mpi4py import MPI
 
 from canary.controller.state import ControllerState
 from canary.errors import JobAborted
 from canary.idle import Backoff
-from canary.messages import Callback, Fail, Finish, ReportPart, Send
+from canary.messages import (
+    CONTROLLER,
+    Callback,
+    Fail,
+    Finish,
+    Progress,
+    ReportPart,
+    Send,
+    Tick,
+    local_event_id,
+)
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.result import JobResult
@@ -18,21 +30,30 @@ from canary.trace import Tracer
 
 
 def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
-                   tracer: Tracer | None = None) -> JobResult:
+                   tracer: Tracer | None = None, policy: Any = None,
+                   tick_s: float = 0.05) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
     after telling every worker to abort. CPU time spent in report callbacks (user code) is
-    excluded from ``controller_cpu_seconds``. A ``tracer`` records every message.
+    excluded from ``controller_cpu_seconds``. A ``tracer`` records every message. With a move
+    ``policy`` (:mod:`canary.controller.balance`) the state gets a ``Tick`` every ``tick_s``
+    seconds; each partition it moves is said on stderr.
     """
-    state = ControllerState(program, comm.Get_size() - 1)
+    state = ControllerState(program, comm.Get_size() - 1, policy)
     tx = MpiTransport(comm)
     backoff = Backoff(max_sleep=max_sleep)
     t0 = time.perf_counter()
     c0 = time.process_time()
     user_cpu = 0.0
+    ticks = count(1)
+    next_tick = t0 + tick_s
     while True:
         got = tx.poll()
+        if got is None and policy is not None and time.perf_counter() >= next_tick:
+            now = time.perf_counter()
+            next_tick = now + tick_s
+            got = (CONTROLLER, Tick(local_event_id(CONTROLLER, next(ticks)), now - t0))
         if got is None:
             tx.progress()
             backoff.sleep()
@@ -55,12 +76,15 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                 u0 = time.process_time()
                 ins.fn(ins.event)
                 user_cpu += time.process_time() - u0
+            elif isinstance(ins, Progress):
+                print(ins.line, file=sys.stderr, flush=True)
             elif isinstance(ins, Finish):
                 tx.flush()
                 return JobResult(state.results, state.tasks_run, state.n_workers,
                                  time.perf_counter() - t0, dict(state.received), dict(state.sent),
                                  time.process_time() - c0 - user_cpu,
-                                 _sum_counts([d.messages_sent for d in state.done.values()]))
+                                 _sum_counts([d.messages_sent for d in state.done.values()]),
+                                 state.migrations, state.bytes_migrated)
             elif isinstance(ins, Fail):
                 # Say why before anything else: the workers, told to abort, must not be able to
                 # end the job before the reason is on stderr.

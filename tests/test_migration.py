@@ -330,3 +330,49 @@ def test_a_move_of_a_partition_or_to_a_worker_that_does_not_exist_is_a_clear_err
         c.handle(MoveRequest(50, ((0, 0, 5),)))
     with pytest.raises(ValueError, match="no partition 9 of group 0"):
         c.handle(MoveRequest(51, ((0, 9, 1),)))
+
+
+# ------------------------------------------------------------------ over MPI
+MPI_APPS = {
+    "logistic_regression": ["--reg", "1e-2", "--tol", "1e-10", "--max-iter", "3000",
+                            "--partitions", "6"],
+    "kmeans": ["--generate", "20000,8,6", "--max-iter", "60", "--partitions", "6"],
+    "pagerank": ["--generate", "4096,65536", "--max-iter", "60", "--partitions", "4"],
+}
+
+
+@pytest.mark.parametrize("app", sorted(MPI_APPS))
+def test_random_moves_over_mpi_give_the_same_answer_on_2_and_3_workers(
+        app: str, cancer: Path, tmp_path: Path) -> None:
+    from tests.conftest import mpirun
+    from tests.test_mpi import summary
+
+    args = [*MPI_APPS[app], "--print-every", "0"]
+    if app == "logistic_regression":
+        args = ["--input", str(cancer), *args]
+    suffix = ".txt" if app == "pagerank" else ".npz"
+    runs = {}
+    for ranks, chaos in ((3, None), (3, "11"), (4, "12")):
+        out = tmp_path / f"{ranks}-{chaos}{suffix}"
+        r = mpirun(ranks, f"apps/{app}.py", *args, "--output", str(out),
+                   env_extra={} if chaos is None else {"CANARY_CHAOS_MIGRATE": chaos})
+        assert r.returncode == 0, r.stderr[-3000:]
+        s = summary(r.stdout)
+        runs[(ranks, chaos)] = (s, out.read_bytes())
+        if chaos is not None:
+            assert s["migrations"] > 0 and s["bytes_migrated"] > 0, s
+            assert r.stderr.count("canary: moved partition") == s["migrations"]
+    (base, base_out) = runs[(3, None)]
+    for key, (s, out) in runs.items():
+        # the same model, bit for bit, and the same work
+        assert out == base_out, key
+        assert (s["iterations"], s["tasks"]) == (base["iterations"], base["tasks"]), key
+
+
+def test_an_unknown_chaos_seed_is_a_clear_error_at_start_up() -> None:
+    from tests.conftest import mpirun
+
+    r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
+               env_extra={"CANARY_CHAOS_MIGRATE": "often"}, timeout=60)
+    assert r.returncode != 0
+    assert "CANARY_CHAOS_MIGRATE='often' is not an integer" in r.stderr
