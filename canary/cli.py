@@ -9,6 +9,7 @@ import sys
 import sysconfig
 
 from canary import launch
+from canary.mpi_runner import BALANCE_ENV
 
 
 def find_mpiexec() -> str:
@@ -81,6 +82,7 @@ def _run(args: argparse.Namespace) -> int:
     hydra = launch.is_hydra(mpiexec)
     cmd = mpiexec_command(args.n, args.script, args.args, args.hostfile, mpiexec, hydra)
     env = mpiexec_env(args.timeout, launch.checkout_root())
+    env[BALANCE_ENV] = args.balance
     if args.verbose:
         print("canary run:", _shown(cmd), file=sys.stderr)
     return launch.supervise(cmd, env, args.n + 1, hydra)
@@ -125,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=int, default=None,
                    help="kill the job after this many seconds (sets MPIEXEC_TIMEOUT)")
     r.add_argument("-v", "--verbose", action="store_true", help="print the mpiexec command")
+    r.add_argument("--balance", choices=("on", "off"), default="on",
+                   help="move partitions off workers that are markedly slower (default on; "
+                        "sets CANARY_BALANCE for the ranks)")
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("simulate", help="scheduling simulator (see `canary simulate --help`)")

@@ -119,7 +119,8 @@ def run_local(
     if config is None:
         config = WorkerConfig(window=window, max_fused=max_fused)
     ctrl = ControllerState(program, workers,
-                           None if chaos is None else ChaosPolicy(chaos, every=0.0, moves=2))
+                           None if chaos is None else ChaosPolicy(chaos, every=0.0, moves=2),
+                           stall_s=float("inf"))  # virtual time: nothing stalls for real
     states = [WorkerState(program, w, workers, replace(
         config, adapt_fused=False, ready_order_seed=seed * 1009 + w if shuffle_ready else None))
         for w in range(workers)]

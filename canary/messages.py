@@ -137,6 +137,23 @@ class ReportPart(Message):
 
 
 @dataclass(slots=True)
+class LoadReport(Message):
+    """A worker's load since its last report (every ``WorkerConfig.report_s`` seconds, not per
+    task or per iteration): ``busy`` lists ``(group, index, seconds, nbytes)``, the time its
+    tasks on each local partition took and the bytes it holds; ``idle`` the seconds it waited
+    with nothing to run; ``tasks`` the tasks it finished; ``seq`` its position in the program."""
+
+    eid: int
+    worker: int
+    interval: float
+    busy: tuple[tuple[int, int, float, int], ...]
+    idle: float
+    tasks: int
+    seq: int
+    done: bool
+
+
+@dataclass(slots=True)
 class MigrateDone(Message):
     """Destination to controller: the partition of ``move`` is installed here (``nbytes`` of
     values arrived); the controller may move it again."""
@@ -312,11 +329,13 @@ class TaskFailed(Message):
 
 @dataclass(slots=True)
 class Tick(Message):
-    """Controller: the runtime's clock, ``now`` seconds since the job started (the balancing
-    policy acts on it)."""
+    """The runtime's clock, ``now`` seconds since the job started. To the controller: its move
+    policy may act. To a worker: time to send a :class:`LoadReport`; ``idle`` is the seconds it
+    waited with nothing to run since the last tick."""
 
     eid: int
     now: float
+    idle: float = 0.0
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from canary.env import env_number
+from canary.env import env_choice, env_number
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.local_runner import run_local
@@ -20,7 +20,7 @@ from canary.worker.config import WorkerConfig
 
 
 def run(program: Program, comm: object | None = None, window: int = 64,
-        trace: str | None = None) -> JobResult | None:
+        trace: str | None = None, balance: bool | None = None) -> JobResult | None:
     """Run ``program``: rank 0 becomes the controller, ranks 1..N the workers.
 
     Returns the :class:`JobResult` on rank 0 and ``None`` on workers. With a single rank (a
@@ -33,6 +33,12 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     trace-event JSON of the job to PATH on rank 0: one track per rank, every task and message
     (see :mod:`canary.trace`; ``CANARY_TRACE_LEVEL=loop`` records the loop tests only). Not
     available for the in-process single-rank run.
+
+    ``balance`` (default: the environment variable ``CANARY_BALANCE``, ``on`` unless it says
+    ``off``; ``canary run --balance``) lets the controller move partitions off workers that
+    are markedly slower (:class:`canary.controller.balance.BalancePolicy`).
+    ``CANARY_CHAOS_MIGRATE=SEED`` moves random partitions instead, and
+    ``CANARY_SLOWDOWN=WORKER:FACTOR`` makes one worker that many times slower (experiments).
     """
     from mpi4py import MPI
 
@@ -49,10 +55,12 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         return run_local(program, workers=1)
     path = trace_path(trace)
     try:  # the environment, read once at start-up
-        config = WorkerConfig.from_env(window=window)
+        config = WorkerConfig.from_env(worker=rank - 1, n_workers=size - 1, window=window)
         startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0)
         loop_only = trace_level() == "loop"
-        policy = move_policy(os.environ)
+        if balance is None:
+            balance = env_choice(BALANCE_ENV, ("on", "off"), "on") == "on"
+        policy = move_policy(os.environ, size - 1, balance)
     except ValueError as exc:  # the same mistake on every rank: rank 0 alone says so
         if rank == 0:
             print(f"canary: error: {exc}", file=sys.stderr, flush=True)
@@ -94,19 +102,20 @@ def run(program: Program, comm: object | None = None, window: int = 64,
 
 
 CHAOS_ENV = "CANARY_CHAOS_MIGRATE"
+BALANCE_ENV = "CANARY_BALANCE"
 
 
-def move_policy(environ: Mapping[str, str]) -> Any:
+def move_policy(environ: Mapping[str, str], n_workers: int, balance: bool) -> Any:
     """The controller's move policy: random moves with ``CANARY_CHAOS_MIGRATE=SEED`` (tests and
-    experiments: the answer must not change), else none. Raises ValueError naming the variable
-    for a value that is not a non-negative integer."""
-    raw = environ.get(CHAOS_ENV, "").strip()
-    if not raw:
-        return None
-    seed = int(env_number(CHAOS_ENV, 0, integer=True, environ=environ))
-    from canary.controller.balance import ChaosPolicy
+    experiments: the answer must not change), else the balancing policy if ``balance``, else
+    none. Raises ValueError naming the variable for a seed that is not a non-negative
+    integer."""
+    from canary.controller.balance import BalancePolicy, ChaosPolicy
 
-    return ChaosPolicy(seed, every=0.1, moves=2)
+    if environ.get(CHAOS_ENV, "").strip():
+        seed = int(env_number(CHAOS_ENV, 0, integer=True, environ=environ))
+        return ChaosPolicy(seed, every=0.1, moves=2)
+    return BalancePolicy(n_workers) if balance else None
 
 
 # A tag within the range every MPI allows (up to 32767), used once per rank before the Dup.

@@ -1,28 +1,65 @@
 """Move policies: pure, seeded objects that decide which partitions move (reports in, moves out).
 
-The controller asks its policy on every :class:`canary.messages.Tick` (``decide``); a policy
-returns moves ``(group, index, dest, reason)`` and never sends anything itself. One migration
-protocol carries out the moves of every policy (see ``canary.worker.migration``).
+The controller gives its policy every :class:`canary.messages.LoadReport` (``report``) and
+asks it on every :class:`canary.messages.Tick` (``decide``); a policy returns moves
+``(group, index, dest, reason)`` and never sends anything itself. One migration protocol carries
+out the moves of every policy (``canary.worker.migration``).
 
+* :class:`BalancePolicy` (the default of ``canary run``) moves partitions off workers that
+  complete their work markedly slower than the others.
 * :class:`ChaosPolicy` (``CANARY_CHAOS_MIGRATE=SEED``) moves random partitions to random
   workers, for tests and experiments: answers must not change.
+
+How :class:`BalancePolicy` decides (the thresholds are its constructor's arguments):
+
+1. Each report gives, per partition (a co-location group's index: everything that moves
+   together), the seconds its tasks took in the report's interval. Its **cost** is that as a
+   fraction of the interval, smoothed over reports (``smoothing``). A worker's **load** is the
+   sum of its partitions' costs: how busy its tasks keep it.
+2. Workers step through the program together (signals, scatter-gathers), so each worker's load
+   is its share of the work at the pace of the slowest. Partitions of one group do alike work,
+   so the ratio of a group's mean partition cost on two workers is the ratio of their
+   **speeds**; a worker's speed is the median of that over the groups it shares (1 where it
+   shares none). A partition's **work** is its cost times its holder's speed; on worker ``w``
+   it would cost ``work / speed[w]``.
+3. The **ideal** load is the total work divided by the total speed: every worker busy alike.
+   The policy acts only when the busiest worker's load exceeds the ideal by more than
+   ``threshold`` (10%) in ``patience`` (3) consecutive decisions, each on fresh reports from
+   every worker, and only once every worker has reported ``patience`` times.
+4. It then moves greedily: from the busiest worker, the partition and destination that lower
+   the highest predicted load most, as long as a move lowers it by at least ``min_gain`` (2%
+   of the ideal) and the time it saves over ``horizon_s`` (10 s) exceeds its transfer time
+   (bytes over ``bandwidth``, 1 GB/s, plus ``latency_s``); at most ``max_moves`` (8) at once.
+5. After moving it waits: until every move is done and ``settle`` (2) more rounds of reports
+   have measured the new placement; a partition it moved does not go back to where it came
+   from. Equal workers, or workers whose imbalance no move can reduce by ``min_gain``, see no
+   move at all.
 """
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from canary.messages import LoadReport
 
 
 class MovePolicy(Protocol):
+    def report(self, rep: LoadReport, now: float) -> None:
+        """Take a worker's load report."""
+        ...
+
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
         """Moves to start now: ``(group, index, dest, reason)``."""
         ...
 
 
 class ChaosPolicy:
-    """Moves ``moves`` random partitions (whole co-location group entries, one-partition
-    groups included) to random other workers on every ``every`` seconds of ticks, seeded.
+    """Moves up to ``moves`` random partitions (whole co-location group entries, one-partition
+    groups included) to random other workers every ``every`` seconds of ticks, seeded.
     Partitions already moving are left alone; with one worker nothing moves."""
 
     def __init__(self, seed: int, every: float = 0.0, moves: int = 1) -> None:
@@ -30,6 +67,9 @@ class ChaosPolicy:
         self.every = every
         self.moves = moves
         self._last: float | None = None
+
+    def report(self, rep: LoadReport, now: float) -> None:
+        """Loads do not matter to chaos."""
 
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
         if ctrl.n_workers < 2 or (self._last is not None and now - self._last < self.every):
@@ -45,3 +85,167 @@ class ChaosPolicy:
             dest = self.rng.choice([w for w in range(ctrl.n_workers) if w != owners[g][i]])
             out.append((g, i, dest, "chaos (CANARY_CHAOS_MIGRATE)"))
         return out
+
+
+@dataclass
+class _Partition:
+    cost: float = 0.0  # smoothed fraction of its holder's time
+    nbytes: int = 0
+    holder: int = -1
+    came_from: int | None = None  # the worker it last moved away from
+
+
+@dataclass
+class _Worker:
+    reports: int = 0
+    fresh: bool = False  # reported since the last decision
+    done: bool = False
+    partitions: set[tuple[int, int]] = field(default_factory=set)
+
+
+class BalancePolicy:
+    """Moves partitions off workers that are markedly slower; see the module docstring.
+
+    Deterministic: the same reports in the same order give the same moves (``seed`` breaks
+    exact ties only).
+    """
+
+    def __init__(self, n_workers: int, seed: int = 0, threshold: float = 0.10,
+                 patience: int = 3, min_gain: float = 0.02, smoothing: float = 0.5,
+                 horizon_s: float = 10.0, bandwidth: float = 1e9, latency_s: float = 1e-3,
+                 max_moves: int = 8, settle: int = 2) -> None:
+        if n_workers < 1:
+            raise ValueError(f"a job needs at least one worker, got {n_workers}")
+        self.n_workers = n_workers
+        self.rng = random.Random(seed)
+        self.threshold = threshold
+        self.patience = patience
+        self.min_gain = min_gain
+        self.smoothing = smoothing
+        self.horizon_s = horizon_s
+        self.bandwidth = bandwidth
+        self.latency_s = latency_s
+        self.max_moves = max_moves
+        self.settle = settle
+        self.parts: dict[tuple[int, int], _Partition] = {}
+        self.workers = [_Worker() for _ in range(n_workers)]
+        self._over = 0  # consecutive decisions that found the load uneven
+        self._wait_rounds = 0  # report rounds to wait before judging again
+        self.decisions: list[str] = []  # why each move was made, for the progress line
+
+    # ------------------------------------------------------------------ reports
+    def report(self, rep: LoadReport, now: float) -> None:
+        w = self.workers[rep.worker]
+        w.reports += 1
+        w.fresh = True
+        w.done = rep.done
+        held = set()
+        interval = max(rep.interval, 1e-9)
+        for g, i, seconds, nbytes in rep.busy:
+            key = (g, i)
+            held.add(key)
+            p = self.parts.setdefault(key, _Partition())
+            frac = min(seconds / interval, 1.0)
+            if p.holder != rep.worker:  # new here: its cost there is only now measured
+                p.holder, p.cost = rep.worker, frac
+            else:
+                p.cost += self.smoothing * (frac - p.cost)
+            p.nbytes = nbytes
+        w.partitions = held
+
+    # ------------------------------------------------------------------ estimates
+    def loads(self) -> list[float]:
+        """Each worker's load: the summed cost of the partitions it reported."""
+        return [sum(self.parts[k].cost for k in w.partitions) for w in self.workers]
+
+    def speeds(self) -> list[float]:
+        """Relative speeds (1 = the median worker) from the groups workers share."""
+        by_group: dict[int, dict[int, list[float]]] = {}
+        for (g, _), p in self.parts.items():
+            if p.holder >= 0 and p.cost > 0:
+                by_group.setdefault(g, {}).setdefault(p.holder, []).append(p.cost)
+        logs: list[list[float]] = [[] for _ in range(self.n_workers)]
+        for per_worker in by_group.values():
+            if len(per_worker) < 2:
+                continue
+            means = {w: statistics.fmean(c) for w, c in per_worker.items()}
+            center = statistics.fmean(math.log(m) for m in means.values())
+            for w, m in means.items():
+                logs[w].append(center - math.log(m))  # costlier here: slower
+        raw = [math.exp(statistics.median(x)) if x else 1.0 for x in logs]
+        mid = statistics.median(raw)
+        return [s / mid for s in raw]
+
+    # ------------------------------------------------------------------ decisions
+    def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
+        workers = self.workers
+        if self.n_workers < 2 or any(w.reports < self.patience for w in workers):
+            return []
+        if any(w.done for w in workers):  # the job is ending: moving would only cost
+            return []
+        if not all(w.fresh for w in workers):
+            return []
+        for w in workers:
+            w.fresh = False
+        if ctrl.in_flight:
+            self._wait_rounds = self.settle
+            return []
+        if self._wait_rounds:
+            self._wait_rounds -= 1
+            return []
+        speeds = self.speeds()
+        loads = self.loads()
+        work = {k: p.cost * speeds[p.holder] for k, p in self.parts.items() if p.holder >= 0}
+        ideal = sum(work.values()) / sum(speeds)
+        if ideal <= 0 or max(loads) <= (1 + self.threshold) * ideal:
+            self._over = 0
+            return []
+        self._over += 1
+        if self._over < self.patience:
+            return []
+        moves = self._plan(loads, speeds, work, ideal, ctrl)
+        if moves:
+            self._over = 0
+            self._wait_rounds = self.settle
+        return moves
+
+    def _plan(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
+              ideal: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
+        loads = list(loads)
+        owner = {k: p.holder for k, p in self.parts.items()}
+        moves: list[tuple[int, int, int, str]] = []
+        while len(moves) < self.max_moves:
+            src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
+            top = loads[src]
+            best: tuple[float, int, tuple[int, int], int] | None = None
+            for key in sorted(k for k, w in owner.items() if w == src):
+                p = self.parts[key]
+                if ctrl.moving(*key) or any(m[:2] == key for m in moves):
+                    continue
+                for dst in range(self.n_workers):
+                    if dst == src or dst == p.came_from:
+                        continue
+                    after = list(loads)
+                    after[src] -= p.cost if owner[key] == p.holder else work[key] / speeds[src]
+                    after[dst] += work[key] / speeds[dst]
+                    new_top = max(after)
+                    gain = top - new_top
+                    transfer = p.nbytes / self.bandwidth + self.latency_s
+                    if gain < self.min_gain * ideal or gain * self.horizon_s <= transfer:
+                        continue
+                    cand = (new_top, p.nbytes, key, dst)
+                    if best is None or cand < best:
+                        best = cand
+            if best is None:
+                break
+            new_top, _, key, dst = best
+            p = self.parts[key]
+            loads[src] -= work[key] / speeds[src]
+            loads[dst] += work[key] / speeds[dst]
+            owner[key] = dst
+            p.came_from = src
+            moves.append((key[0], key[1], dst,
+                          f"worker {src} is {speeds[dst] / speeds[src]:.2f}x slower than worker "
+                          f"{dst} and busier ({top:.0%} of its time against an even "
+                          f"{ideal:.0%}); predicted {new_top:.0%} after"))
+        return moves

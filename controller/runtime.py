@@ -36,9 +36,10 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
     after telling every worker to abort. CPU time spent in report callbacks (user code) is
-    excluded from ``controller_cpu_seconds``. A ``tracer`` records every message. With a move
-    ``policy`` (:mod:`canary.controller.balance`) the state gets a ``Tick`` every ``tick_s``
-    seconds; each partition it moves is said on stderr.
+    excluded from ``controller_cpu_seconds``. A ``tracer`` records every message. The state
+    gets a ``Tick`` every ``tick_s`` seconds (its move ``policy``, from
+    :mod:`canary.controller.balance`, acts then, and it notices a worker that makes no
+    progress); each partition moved and each such worker is said on stderr.
     """
     state = ControllerState(program, comm.Get_size() - 1, policy)
     tx = MpiTransport(comm)
@@ -50,7 +51,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
     next_tick = t0 + tick_s
     while True:
         got = tx.poll()
-        if got is None and policy is not None and time.perf_counter() >= next_tick:
+        if got is None and time.perf_counter() >= next_tick:
             now = time.perf_counter()
             next_tick = now + tick_s
             got = (CONTROLLER, Tick(local_event_id(CONTROLLER, next(ticks)), now - t0))

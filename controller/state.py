@@ -21,6 +21,7 @@ from canary.messages import (
     Failed,
     Finish,
     Hello,
+    LoadReport,
     MigrateDone,
     MigrateOut,
     MoveRequest,
@@ -51,7 +52,8 @@ class ControllerState:
     destination's :class:`MigrateDone`; a moving partition is not moved again before that.
     """
 
-    def __init__(self, program: Program, n_workers: int, policy: Any = None) -> None:
+    def __init__(self, program: Program, n_workers: int, policy: Any = None,
+                 stall_s: float = 10.0) -> None:
         if n_workers < 1:
             raise ValueError(
                 f"a job needs at least one worker (rank 0 is the controller): launch with "
@@ -76,6 +78,12 @@ class ControllerState:
         self.migrations = 0
         self.bytes_migrated = 0
         self._moves = 0
+        # Progress as the workers' load reports show it: a worker whose reports stop, or show
+        # it busy with no task finished, for stall_s seconds is named in a warning.
+        self.stall_s = stall_s
+        self._now = 0.0
+        self._progress_at = [0.0] * n_workers  # when each last showed progress
+        self._warned_at = [0.0] * n_workers
 
     def handle(self, event: Any) -> list[Any]:
         """Apply one message from a worker; return instructions, each carrying the message's
@@ -96,10 +104,14 @@ class ControllerState:
             return self._fail(event.message, TaskError)
         if isinstance(event, MigrateDone):
             return self._on_migrate_done(event)
+        if isinstance(event, LoadReport):
+            return self._on_load(event)
         if isinstance(event, Tick):
+            self._now = event.now
+            out = self._stalled()
             if self.policy is None or self.map is None or len(self.done) == self.n_workers:
-                return []
-            return self._move(self.policy.decide(event.now, self))
+                return out
+            return out + self._move(self.policy.decide(event.now, self))
         if isinstance(event, MoveRequest):
             if self.map is None:
                 raise ValueError("no partition can move before the job is placed")
@@ -152,6 +164,29 @@ class ControllerState:
         out += [self._send(worker_rank(src), MigrateOut(self._next_eid(), move, g, i, dest,
                                                         self.map.version(g, i)))
                 for move, g, i, src, dest in started]
+        return out
+
+    def _on_load(self, ev: LoadReport) -> list[Any]:
+        w = ev.worker
+        # a worker that finished tasks, mostly waited for others, or is done is not stuck
+        if ev.tasks or ev.done or ev.idle > 0.5 * ev.interval:
+            self._progress_at[w] = self._now
+        if self.policy is not None:
+            self.policy.report(ev, self._now)
+        return []
+
+    def _stalled(self) -> list[Any]:
+        out: list[Any] = []
+        if self.map is None:
+            return out
+        for w in range(self.n_workers):
+            quiet = self._now - self._progress_at[w]
+            if (w not in self.done and quiet >= self.stall_s
+                    and self._now - self._warned_at[w] >= self.stall_s):
+                self._warned_at[w] = self._now
+                out.append(Progress(f"canary: waiting for worker {w} (rank {worker_rank(w)}): no "
+                                    f"task finished for {quiet:.0f} s (stopped, swapping, or "
+                                    "stuck in a kernel?)", self._cause))
         return out
 
     def _on_migrate_done(self, ev: MigrateDone) -> list[Any]:

@@ -73,6 +73,13 @@ class WorkerConfig:
     #: Tasks a stretch body runs through Python dispatch before it is compiled into one loop
     #: (``canary.worker.chain``; compiling costs about what that much dispatch does).
     compile_after: int = 200_000
+    #: Seconds between two load reports to the controller (CPU time per partition, idle time):
+    #: the controller's messages grow with time and workers, not with tasks.
+    report_s: float = 0.5
+    #: Make every task take this many times as long as it does (the runtime spins for the
+    #: difference after each task): a stand-in for a slower machine, for experiments
+    #: (``CANARY_SLOWDOWN=WORKER:FACTOR``).
+    slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         for name, low in (("window", 1), ("max_fused", 0), ("fuse_min_instances", 1),
@@ -83,16 +90,23 @@ class WorkerConfig:
                 raise ValueError(f"WorkerConfig.{name} must be an integer >= {low}, "
                                  f"got {value!r}")
         for name in ("fuse_target_s", "fuse_max_s", "lone_task_s", "spin_s", "max_sleep_s",
-                     "poll_interval_s"):
+                     "poll_interval_s", "report_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"WorkerConfig.{name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.slowdown, (int, float)) or not self.slowdown >= 1:
+            raise ValueError(f"WorkerConfig.slowdown must be a number >= 1, got {self.slowdown!r}")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: Any) -> WorkerConfig:
-        """The defaults, then the ``CANARY_*`` variables of ``environ`` (:data:`ENVIRONMENT`),
-        then ``overrides``. Raises ValueError naming the variable for a malformed value."""
+    def from_env(cls, environ: Mapping[str, str] = os.environ, worker: int | None = None,
+                 n_workers: int | None = None, **overrides: Any) -> WorkerConfig:
+        """The defaults, then the ``CANARY_*`` variables of ``environ`` (:data:`ENVIRONMENT`,
+        and ``CANARY_SLOWDOWN=WORKER:FACTOR`` for ``worker`` of ``n_workers``), then
+        ``overrides``. Raises ValueError naming the variable for a malformed value."""
         values: dict[str, Any] = {}
+        slow = slowdown_from_env(environ, n_workers)
+        if slow is not None and worker is not None and slow[0] == worker:
+            values["slowdown"] = slow[1]
         defaults = cls()
         for var, (name, unit, integer) in ENVIRONMENT.items():
             if environ.get(var, "").strip():
@@ -104,3 +118,27 @@ class WorkerConfig:
         if unknown:
             raise TypeError(f"WorkerConfig has no field(s) {sorted(unknown)}")
         return replace(defaults, **values, **overrides)
+
+
+SLOWDOWN_ENV = "CANARY_SLOWDOWN"
+
+
+def slowdown_from_env(environ: Mapping[str, str], n_workers: int | None) -> tuple[int, float] | None:
+    """``CANARY_SLOWDOWN=WORKER:FACTOR`` as ``(worker, factor)``, or None when unset. Raises
+    ValueError naming the variable unless WORKER is a 0-based worker index (below
+    ``n_workers`` when given) and FACTOR a number >= 1."""
+    raw = environ.get(SLOWDOWN_ENV, "").strip()
+    if not raw:
+        return None
+    what = (f"environment variable {SLOWDOWN_ENV}={raw!r} is not WORKER:FACTOR (a 0-based "
+            "worker index and a number >= 1, e.g. 1:3): set it so or unset it")
+    worker_s, sep, factor_s = raw.partition(":")
+    try:
+        worker, factor = int(worker_s), float(factor_s)
+    except ValueError:
+        raise ValueError(what) from None
+    if not sep or worker < 0 or not factor >= 1 or (n_workers is not None and worker >= n_workers):
+        if n_workers is not None and worker >= n_workers:
+            what += f" (the job has {n_workers} workers: 0..{n_workers - 1})"
+        raise ValueError(what)
+    return worker, factor

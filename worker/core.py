@@ -96,6 +96,12 @@ class WorkerCore:
     _cuts: list[tuple[int, int, int, int, bool]]  # (cut, move, group, index, starts), sorted
     migrated_in_bytes: int
 
+    # ---- load (reported on each Tick)
+    busy: dict[tuple[int, int], float]  # (group, index) -> seconds of its tasks this period
+    _task_group: list[tuple[int, int]]  # stage id -> group of its tasks, of its gathers
+    _tasks_reported: int
+    _last_tick: float
+
     # ---- progress, counts and the log
     tasks_run: int
     done_sent: bool

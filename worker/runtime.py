@@ -15,7 +15,16 @@ from mpi4py import MPI
 
 from canary.errors import JobAborted, TaskError
 from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
-from canary.messages import Abort, Resume, Send, Shutdown, TaskDone, TaskFailed, local_event_id
+from canary.messages import (
+    Abort,
+    Resume,
+    Send,
+    Shutdown,
+    TaskDone,
+    TaskFailed,
+    Tick,
+    local_event_id,
+)
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.trace import Tracer
@@ -79,6 +88,11 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     poll_interval = config.poll_interval_s
     max_batch = config.max_batch
     perf_counter = time.perf_counter
+    slowdown = config.slowdown
+    t0 = perf_counter()
+    report_s = config.report_s
+    next_report = t0 + report_s
+    idle = 0.0  # seconds spent waiting with nothing to run since the last report
     while True:
         got = tx.poll()
         while got is not None:
@@ -103,7 +117,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             got = tx.poll()
         if task is not None or resume:
             backoff.reset()
-            t0 = perf_counter()
+            t_batch = perf_counter()
             n = 0
             while n < batch and (task is not None or resume):
                 if task is not None:
@@ -118,6 +132,9 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                         t_start = clock()
                         ev = run_task(state, cur, eid)
                         trace_task(cur, t_start, clock(), type(ev) is TaskDone)
+                    if slowdown > 1.0 and type(ev) is TaskDone and ev.seconds is not None:
+                        _spin(ev.seconds * (slowdown - 1.0))  # a slower machine, for experiments
+                        ev.seconds *= slowdown
                 else:
                     ev = Resume(local_event_id(rank, next(ids)))
                 resume = False
@@ -130,18 +147,50 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                         resume = True
                 if type(ev) is TaskFailed:
                     _wait_for_abort(tx, ev.message)
+            now = perf_counter()
             if n == batch:
-                dt = perf_counter() - t0
+                dt = now - t_batch
                 if dt < poll_interval * 0.5 and batch < max_batch:
                     batch *= 2
                 elif dt > poll_interval and batch > 1:
                     batch //= 2
+            if now >= next_report:
+                next_report = now + report_s
+                for ins in handle(Tick(local_event_id(rank, next(ids)), now - t0, idle)):
+                    if type(ins) is Send:
+                        send(ins.dest, ins.message)
+                    elif type(ins) is RunTask:
+                        task = ins.task
+                    else:
+                        resume = True
+                idle = 0.0
             continue
         if stats is not None and state.done_sent and "t_done" not in stats:
             stats["t_done"] = time.perf_counter()
             stats["cpu_done"] = time.process_time()
+        t_idle = perf_counter()
+        if t_idle >= next_report:
+            next_report = t_idle + report_s
+            for ins in handle(Tick(local_event_id(rank, next(ids)), t_idle - t0, idle)):
+                if type(ins) is Send:
+                    send(ins.dest, ins.message)
+                elif type(ins) is RunTask:
+                    task = ins.task
+                else:
+                    resume = True
+            idle = 0.0
+            if task is not None or resume:
+                continue
         tx.progress()
         backoff.sleep()
+        idle += perf_counter() - t_idle
+
+
+def _spin(seconds: float) -> None:
+    """Busy-wait ``seconds`` (not sleep: a slower machine's CPU is busy all the while)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _wait_for_abort(tx: MpiTransport, message: str, timeout: float = 10.0) -> None:

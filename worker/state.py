@@ -25,6 +25,7 @@ from canary.messages import (
     CONTROLLER,
     Failed,
     Hello,
+    LoadReport,
     MigrateAccept,
     MigrateArray,
     MigrateData,
@@ -38,6 +39,7 @@ from canary.messages import (
     Signal,
     TaskDone,
     TaskFailed,
+    Tick,
     worker_rank,
 )
 from canary.partition_map import PartitionMap
@@ -131,6 +133,13 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
         # stage id -> its co-location group if it is a compute stage (may join a stretch), else -1
         self._fusable = [self._group[(st.reads or st.writes)[0].id] if st.kind == COMPUTE else -1
                          for st in program.stages]
+        # stage id -> (group of the partitions its tasks touch, the same for its gathers)
+        self._task_group = [(self._group[(st.reads or st.writes)[0].id] if st.reads or st.writes
+                             else -1, self._group[st.dst.id] if st.dst is not None else -1)
+                            for st in program.stages]
+        self.busy: dict[tuple[int, int], float] = {}  # (group, index) -> task seconds, this period
+        self._tasks_reported = 0
+        self._last_tick = 0.0
         self._init_interpreter()
         self._init_access()
         self._init_fusion()
@@ -144,6 +153,7 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
             PieceBatch: self._on_piece_batch,
             Signal: self._on_signal,
             Resume: self._on_resume,
+            Tick: self._on_tick,
             MigrateOut: self._on_migrate_out,
             MigrateOffer: self._on_migrate_offer,
             MigrateAccept: self._on_migrate_accept,
@@ -292,6 +302,28 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
     def _on_resume(self, ev: Resume, out: list[Any]) -> None:
         """Nothing to apply: ``handle`` goes on emitting where it stopped."""
 
+    def _on_tick(self, ev: Tick, out: list[Any]) -> None:
+        """Report the load since the last report: task seconds and bytes per local partition
+        (every partition of a group index moves together), and the runtime's idle time."""
+        busy = self.busy
+        rows = []
+        for g, idxs in enumerate(self.local):
+            datasets = self.program.groups[g]
+            for i in idxs:
+                nbytes = 0
+                for d in datasets:
+                    v = self.parts[(d.id, i)].value
+                    if v is not None:
+                        nbytes += v.nbytes
+                rows.append((g, i, busy.get((g, i), 0.0), nbytes))
+        interval = ev.now - self._last_tick
+        self._last_tick = ev.now
+        self.busy = {}
+        tasks, self._tasks_reported = self.tasks_run - self._tasks_reported, self.tasks_run
+        self._send_out(CONTROLLER, LoadReport(self._next_eid(), self.worker, interval,
+                                              tuple(rows), ev.idle, tasks, self.seq,
+                                              self.done_sent), out)
+
     def _on_task_failed(self, ev: TaskFailed, out: list[Any]) -> None:
         if ev.task is self.running:
             self.running = None
@@ -318,8 +350,13 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
             self.fused_live -= 1
             self.stretches_run += 1
             self.tasks_run += stretch.tasks - 1
-            if ev.seconds is not None and self.config.adapt_fused:
-                self._tune_fusion(task, ev.seconds)
+            if ev.seconds is not None:
+                if self.config.adapt_fused:
+                    self._tune_fusion(task, ev.seconds)
+                g = self._fusable[st.id]
+                share = ev.seconds / len(stretch.idxs)
+                for i in stretch.idxs:  # the rows ran one after the other, alike
+                    self.busy[(g, i)] = self.busy.get((g, i), 0.0) + share
         elif kind == K_SCATTER:
             self._scatter(task, res, out)
         elif kind == K_GATHER:
@@ -345,6 +382,9 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
                 part.last_seq = seq
             if part.queue:
                 self._pump(part, out)
+        if ev.seconds is not None and kind is not K_FUSED:
+            key = (self._task_group[st.id][kind is K_GATHER], task.part)
+            self.busy[key] = self.busy.get(key, 0.0) + ev.seconds
         del self.tasks[task.tid]
         self.tasks_run += 1
         left = self.live[seq] - 1

@@ -1,0 +1,169 @@
+"""The balancing policy, on its own: load reports in, moves out (no MPI, no engine).
+
+A small closed loop stands in for a job: partitions of known work on workers of known speeds;
+each round every worker reports the seconds its partitions took (work / speed, at the pace of
+the slowest worker) and the policy's moves are applied once they are "done".
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from canary.controller.balance import BalancePolicy, ChaosPolicy
+from canary.messages import LoadReport
+
+
+@dataclass
+class FakeController:
+    """What a policy reads of the controller: workers, the map's owners, moves in flight."""
+
+    n_workers: int
+    owners: dict[tuple[int, int], int]
+    in_flight: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def map(self) -> FakeController:
+        return self
+
+    def moving(self, group: int, index: int) -> bool:
+        return (group, index) in self.in_flight.values()
+
+
+class Job:
+    """``parts[(g, i)]`` units of work on workers of ``speeds``; one report per worker a round."""
+
+    def __init__(self, speeds: list[float], parts: dict[tuple[int, int], float],
+                 noise: float = 0.0, seed: int = 0, nbytes: int = 1 << 20) -> None:
+        self.speeds = speeds
+        self.work = parts
+        self.noise = noise
+        self.rng = random.Random(seed)
+        self.nbytes = nbytes
+        n = len(speeds)
+        keys = sorted(parts)
+        self.ctrl = FakeController(n, {k: k[1] * n // (1 + max(i for _, i in keys)) for k in keys})
+        self.moves: list[tuple[int, int, int]] = []
+
+    def loads(self) -> list[float]:
+        """Seconds of work each worker has per round."""
+        out = [0.0] * len(self.speeds)
+        for k, w in self.ctrl.owners.items():
+            out[w] += self.work[k] / self.speeds[w]
+        return out
+
+    def round(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
+        period = max(self.loads())  # the slowest worker sets the pace
+        for w in range(len(self.speeds)):
+            busy = []
+            for k, owner in sorted(self.ctrl.owners.items()):
+                if owner == w:
+                    secs = self.work[k] / self.speeds[w] * (1 + self.rng.uniform(-1, 1) * self.noise)
+                    busy.append((k[0], k[1], secs, self.nbytes))
+            policy.report(LoadReport(0, w, period, tuple(busy), 0.0, 10, 0, False), now)
+        moves = policy.decide(now, self.ctrl)
+        for g, i, dest, _ in moves:  # done by the next round
+            self.ctrl.owners[(g, i)] = dest
+            self.moves.append((g, i, dest))
+        return moves
+
+
+def uniform(n_workers: int, per_worker: int, group: int = 0) -> dict[tuple[int, int], float]:
+    return {(group, i): 1.0 for i in range(n_workers * per_worker)}
+
+
+def test_equal_workers_see_no_move_even_with_noisy_reports() -> None:
+    job = Job([1.0, 1.0, 1.0], uniform(3, 8), noise=0.05)
+    policy = BalancePolicy(3)
+    for r in range(500):
+        assert job.round(policy, r * 0.5) == []
+
+
+def test_a_three_times_slower_worker_is_relieved_of_its_share_and_then_left_alone() -> None:
+    job = Job([1.0, 1.0 / 3], uniform(2, 8))
+    policy = BalancePolicy(2)
+    before = max(job.loads())
+    for r in range(200):
+        job.round(policy, r * 0.5)
+    ideal = sum(job.work.values()) / sum(job.speeds)
+    after = max(job.loads())
+    assert after <= 1.15 * ideal < before  # within 1.15x of the work spread by speed
+    assert sorted(w for w in job.ctrl.owners.values()).count(1) == 4  # 12 here, 4 there
+    assert all(dest == 0 for _, _, dest in job.moves)  # only ever off the slow worker
+    assert len(job.moves) == 4  # no move back and forth
+
+
+def test_moves_wait_for_the_imbalance_to_last_patience_rounds() -> None:
+    job = Job([1.0, 1.0 / 3], uniform(2, 4))
+    policy = BalancePolicy(2, patience=3)
+    seen = [bool(job.round(policy, r * 0.5)) for r in range(6)]
+    # rounds 0-1: fewer than `patience` reports; 2-3: the imbalance has not lasted; 4: it has
+    assert seen.index(True) == 4
+
+
+def test_a_passing_slowdown_moves_nothing() -> None:
+    job = Job([1.0, 1.0], uniform(2, 4))
+    policy = BalancePolicy(2, patience=3)
+    for r in range(20):
+        job.speeds[1] = 0.3 if r % 4 == 3 else 1.0  # one slow round in four
+        assert job.round(policy, r * 0.5) == []
+
+
+def test_a_move_whose_transfer_costs_more_than_it_saves_is_not_made() -> None:
+    job = Job([1.0, 0.8], uniform(2, 8), nbytes=1 << 40)  # a TB a partition: never worth it
+    policy = BalancePolicy(2)
+    for r in range(50):
+        assert job.round(policy, r * 0.5) == []
+    cheap = Job([1.0, 0.8], uniform(2, 8))
+    policy = BalancePolicy(2)
+    assert any(cheap.round(policy, r * 0.5) for r in range(50))
+
+
+def test_nothing_moves_while_moves_are_under_way_and_for_a_while_after() -> None:
+    job = Job([1.0, 1.0 / 3], uniform(2, 8))
+    policy = BalancePolicy(2, settle=2)
+    for r in range(5):
+        job.round(policy, r * 0.5)
+    assert job.moves
+    job.ctrl.in_flight = {1: (9, 9)}
+    assert all(job.round(policy, 10 + r) == [] for r in range(5))
+    job.ctrl.in_flight = {}
+    assert job.round(policy, 20) == [] and job.round(policy, 21) == []  # settling
+
+
+def test_an_uneven_group_of_partitions_balances_by_measured_cost() -> None:
+    # equal speeds, but worker 1 holds the costly partitions: the policy moves some of them
+    work = {(0, i): (3.0 if i >= 4 else 1.0) for i in range(8)}
+    job = Job([1.0, 1.0], work)
+    policy = BalancePolicy(2)
+    for r in range(100):
+        job.round(policy, r * 0.5)
+    assert max(job.loads()) <= 1.15 * sum(work.values()) / 2
+
+
+def test_the_reason_says_which_worker_was_how_much_slower() -> None:
+    job = Job([1.0, 0.25], uniform(2, 4))
+    policy = BalancePolicy(2)
+    moves = next(m for m in (job.round(policy, r * 0.5) for r in range(20)) if m)
+    assert "worker 1 is 4.00x slower than worker 0" in moves[0][3]
+
+
+def test_chaos_moves_are_seeded_and_leave_moving_partitions_alone() -> None:
+    owners = {(0, i): i % 2 for i in range(6)}
+    ctrl = FakeController(2, owners)
+
+    class Map:
+        owners = [[owners[(0, i)] for i in range(6)]]
+
+    ctrl_map = type("C", (), {"n_workers": 2, "map": Map, "moving": lambda self, g, i: i == 0})()
+    a = [ChaosPolicy(5, moves=3).decide(t, ctrl_map) for t in range(20)]
+    b = [ChaosPolicy(5, moves=3).decide(t, ctrl_map) for t in range(20)]
+    assert a == b and any(a)
+    assert all(i != 0 and dest != owners[(0, i)] for ms in a for _, i, dest, _ in ms)
+
+
+def test_a_policy_for_no_worker_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="at least one worker"):
+        BalancePolicy(0)
