@@ -39,6 +39,8 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     are markedly slower (:class:`canary.controller.balance.BalancePolicy`).
     ``CANARY_CHAOS_MIGRATE=SEED`` moves random partitions instead, and
     ``CANARY_SLOWDOWN=WORKER:FACTOR`` makes one worker that many times slower (experiments).
+    A worker that shows no progress for ``CANARY_STALL_S`` seconds (default 10) is named on
+    stderr.
     """
     from mpi4py import MPI
 
@@ -57,6 +59,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     try:  # the environment, read once at start-up
         config = WorkerConfig.from_env(worker=rank - 1, n_workers=size - 1, window=window)
         startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0)
+        stall_s = env_number("CANARY_STALL_S", 10.0)
         loop_only = trace_level() == "loop"
         if balance is None:
             balance = env_choice(BALANCE_ENV, ("on", "off"), "on") == "on"
@@ -77,7 +80,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if rank == 0:
             from canary.controller.runtime import run_controller
 
-            result = run_controller(program, comm, tracer=tracer, policy=policy)
+            result = run_controller(program, comm, tracer=tracer, policy=policy, stall_s=stall_s)
         else:
             from canary.worker.runtime import run_worker
 

@@ -34,7 +34,9 @@ class JobResult:
 
     @property
     def scheduling_messages(self) -> int:
-        """Messages the controller sent or received other than reports: these must not grow
-        with iterations or partitions once the job is placed."""
-        recv = sum(v for k, v in self.controller_received.items() if k != "ReportPart")
+        """Messages the controller sent or received other than the driver's reports and the
+        workers' periodic load reports: these must not grow with iterations or partitions once
+        the job is placed (load reports grow with time and workers; moves add their own)."""
+        recv = sum(v for k, v in self.controller_received.items()
+                   if k not in ("ReportPart", "LoadReport"))
         return recv + sum(self.controller_sent.values())

@@ -8,6 +8,9 @@ every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
 * a task run inside a fused compute stretch (see ``worker.state.Stretch``) the same way, with
   ``args.fused`` true: in a traced run, stretches call their kernels from Python so that every
   task is timed alone (an untraced run may call them from one compiled loop);
+* each partition's move (``cat: "migration"``) as a span on its source (``migrate out``: from
+  the move's arrival to the values' departure) and on its destination (``migrate in``: from
+  the offer to the partition's installation), at either level;
 * each message as a short slice on the sender's and the receiver's track (``send Piece`` /
   ``recv Piece``) joined by a flow arrow (``ph: "s"``/``"f"``, id = the message's ``eid``, which
   is unique per job).
@@ -86,6 +89,13 @@ class Tracer:
             "ph": "X", "name": name, "cat": "task" if ok else "task,failed", "pid": self.rank,
             "tid": 0, "ts": start * 1e6, "dur": max((end - start) * 1e6, 0.01), "args": args,
         })
+
+    def span(self, name: str, start: float, end: float, args: dict[str, Any]) -> None:
+        """Something that took from ``start`` to ``end`` (seconds) on this rank: a partition's
+        move, as its source hands it over or its destination takes it in."""
+        self.events.append({"ph": "X", "name": name, "cat": "migration", "pid": self.rank,
+                            "tid": 0, "ts": start * 1e6, "dur": max((end - start) * 1e6, 0.01),
+                            "args": args})
 
     def send(self, dest: int, msg: Any, t: float | None = None) -> None:
         """Message ``msg`` sent to rank ``dest`` (a flow starts)."""

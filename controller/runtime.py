@@ -31,7 +31,7 @@ from canary.trace import Tracer
 
 def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                    tracer: Tracer | None = None, policy: Any = None,
-                   tick_s: float = 0.05) -> JobResult:
+                   tick_s: float = 0.05, stall_s: float = 10.0) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
@@ -41,7 +41,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
     :mod:`canary.controller.balance`, acts then, and it notices a worker that makes no
     progress); each partition moved and each such worker is said on stderr.
     """
-    state = ControllerState(program, comm.Get_size() - 1, policy)
+    state = ControllerState(program, comm.Get_size() - 1, policy, stall_s)
     tx = MpiTransport(comm)
     backoff = Backoff(max_sleep=max_sleep)
     t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
             backoff.sleep()
             continue
         msg = got[1]
-        if tracer is not None:
+        if tracer is not None and type(msg) is not Tick:
             tracer.recv(got[0], msg)
         if isinstance(msg, ReportPart):
             # Reports are not latency-critical: stay asleep-ish so a chatty driver keeps the

@@ -89,7 +89,8 @@ class ControllerState:
         """Apply one message from a worker; return instructions, each carrying the message's
         ``eid`` as its cause."""
         name = type(event).__name__
-        self.received[name] = self.received.get(name, 0) + 1
+        if not isinstance(event, (Tick, MoveRequest)):  # those come from this rank's runtime
+            self.received[name] = self.received.get(name, 0) + 1
         if self.failed is not None or self.finished:
             return []
         self._cause = event.eid

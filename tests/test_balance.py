@@ -152,7 +152,6 @@ def test_the_reason_says_which_worker_was_how_much_slower() -> None:
 
 def test_chaos_moves_are_seeded_and_leave_moving_partitions_alone() -> None:
     owners = {(0, i): i % 2 for i in range(6)}
-    ctrl = FakeController(2, owners)
 
     class Map:
         owners = [[owners[(0, i)] for i in range(6)]]

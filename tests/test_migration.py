@@ -376,3 +376,46 @@ def test_an_unknown_chaos_seed_is_a_clear_error_at_start_up() -> None:
                env_extra={"CANARY_CHAOS_MIGRATE": "often"}, timeout=60)
     assert r.returncode != 0
     assert "CANARY_CHAOS_MIGRATE='often' is not an integer" in r.stderr
+
+
+def test_a_worker_stuck_in_a_kernel_is_named() -> None:
+    from tests.conftest import mpirun
+
+    r = mpirun(3, "tests/drivers/stalls.py", "4", env_extra={"CANARY_STALL_S": "1.5"},
+               timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "canary: waiting for worker 1 (rank 2): no task finished for " in r.stderr
+    assert "waiting for worker 0" not in r.stderr
+
+
+@pytest.mark.parametrize(("value", "says"), [("5:3", "the job has 2 workers: 0..1"),
+                                             ("1:0.5", "a number >= 1"), ("slow", "WORKER:FACTOR")])
+def test_a_bad_slowdown_is_a_clear_error_at_start_up(value: str, says: str) -> None:
+    from tests.conftest import mpirun
+
+    r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
+               env_extra={"CANARY_SLOWDOWN": value}, timeout=60)
+    assert r.returncode != 0
+    assert f"CANARY_SLOWDOWN='{value}' is not WORKER:FACTOR" in r.stderr and says in r.stderr
+
+
+def test_a_trace_shows_each_move_on_both_workers(cancer: Path, tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import mpirun
+    from tests.test_mpi import summary
+
+    trace = tmp_path / "t.json"
+    r = mpirun(3, "apps/logistic_regression.py", "--input", str(cancer), "--reg", "1e-2",
+               "--tol", "1e-10", "--max-iter", "3000", "--partitions", "6", "--print-every",
+               "0", "--trace", str(trace), env_extra={"CANARY_CHAOS_MIGRATE": "3",
+                                                      "CANARY_TRACE_LEVEL": "loop"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    moved = summary(r.stdout)["migrations"]
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"]
+             if e.get("cat") == "migration"]
+    outs = [e for e in spans if e["name"] == "migrate out"]
+    ins = [e for e in spans if e["name"] == "migrate in"]
+    assert moved > 0 and len(outs) == len(ins) == moved
+    assert {e["pid"] for e in spans} <= {1, 2}
+    assert sorted(e["args"]["move"] for e in outs) == sorted(e["args"]["move"] for e in ins)

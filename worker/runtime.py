@@ -17,6 +17,10 @@ from canary.errors import JobAborted, TaskError
 from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
 from canary.messages import (
     Abort,
+    MigrateData,
+    MigrateDone,
+    MigrateOffer,
+    MigrateOut,
     Resume,
     Send,
     Shutdown,
@@ -69,13 +73,31 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     if tracer is not None:
         clock = tracer.clock
         trace_task = tracer.task
-        if full:
-            trace_recv, trace_fused = tracer.recv, tracer.fused_task
-            trace_send = tracer.send
+        trace_send = tracer.send if full else None
+        moves: dict[int, float] = {}  # move -> when it began here
+        span = tracer.span
 
-            def send(dest: int, msg: Any) -> None:
+        def trace_recv(src: int, msg: Any) -> None:
+            if full:
+                tracer.recv(src, msg)
+            kind = type(msg)
+            if kind is MigrateOut or kind is MigrateOffer:
+                moves[msg.move] = clock()
+
+        def send(dest: int, msg: Any) -> None:
+            if trace_send is not None:
                 trace_send(dest, msg)
-                tx.send(dest, msg)
+            kind = type(msg)
+            if kind is MigrateData or kind is MigrateDone:
+                out = kind is MigrateData
+                span("migrate out" if out else "migrate in", moves.pop(msg.move, clock()),
+                     clock(), {"move": msg.move, "group": msg.group if out else None,
+                               "index": msg.index if out else None,
+                               "bytes": None if out else msg.nbytes})
+            tx.send(dest, msg)
+
+        if full:
+            trace_fused = tracer.fused_task
 
     task: Task | None = None  # handed out by the state, not yet run
     resume = False  # the state yielded: feed it Resume once the sends before it are out

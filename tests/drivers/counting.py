@@ -20,4 +20,4 @@ p.report(s)
 r = canary.run(p)
 if r is not None:
     print(json.dumps({"received": r.controller_received, "sent": r.controller_sent,
-                      "s": r.value("s").tolist(), "tasks": r.tasks_run}))
+                      "s": r.value("s").tolist(), "tasks": r.tasks_run, "seconds": r.seconds}))
