@@ -18,6 +18,7 @@ ENVIRONMENT: dict[str, tuple[str, float, bool]] = {
     "CANARY_MAX_FUSED": ("max_fused", 1.0, True),
     "CANARY_SPIN_US": ("spin_s", 1e-6, False),
     "CANARY_COMPILE_AFTER": ("compile_after", 1.0, True),
+    "CANARY_STORY": ("story_size", 1.0, True),
 }
 
 
@@ -54,8 +55,9 @@ class WorkerConfig:
     #: A scatter of at most this many bytes runs before queued compute tasks (its message is
     #: what another worker waits for); larger pieces keep their place.
     urgent_max_bytes: int = 1 << 16
-    #: Records kept for ``WorkerState.story`` (0: none).
-    story_size: int = 100_000
+    #: Records kept for ``WorkerState.story`` (0: none): a few per task, ~200 bytes each, so the
+    #: default covers the last few iterations of a typical job (``CANARY_STORY``).
+    story_size: int = 1024
     #: Tests only: pick the next ready task at random with this seed instead of urgent-first
     #: FIFO, so that every order a runtime could produce gets exercised.
     ready_order_seed: int | None = None
