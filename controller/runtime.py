@@ -17,6 +17,7 @@ from canary.messages import (
     Callback,
     Fail,
     Finish,
+    LoadReport,
     Progress,
     ReportPart,
     Send,
@@ -31,7 +32,7 @@ from canary.trace import Tracer
 
 def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                    tracer: Tracer | None = None, policy: Any = None,
-                   tick_s: float = 0.05, stall_s: float = 10.0) -> JobResult:
+                   tick_s: float = 0.1, stall_s: float = 10.0) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
@@ -62,11 +63,13 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
         msg = got[1]
         if tracer is not None and type(msg) is not Tick:
             tracer.recv(got[0], msg)
-        if isinstance(msg, ReportPart):
-            # Reports are not latency-critical: stay asleep-ish so a chatty driver keeps the
-            # controller near idle.
+        kind = type(msg)
+        if kind is ReportPart:
             msg.seconds = time.perf_counter() - t0
-        else:
+        # Reports, load reports and its own ticks are not latency-critical: the controller
+        # stays asleep-ish through them, so a chatty driver and the periodic load reports keep
+        # it near idle.
+        if kind is not ReportPart and kind is not LoadReport and kind is not Tick:
             backoff.reset()
         for ins in state.handle(msg):
             if isinstance(ins, Send):
