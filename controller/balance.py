@@ -9,16 +9,20 @@ out the moves of every policy (``canary.worker.migration``).
   complete their work markedly slower than the others.
 * :class:`ChaosPolicy` (``CANARY_CHAOS_MIGRATE=SEED``) moves random partitions to random
   workers, for tests and experiments: answers must not change.
+* :class:`ScriptedPolicy` makes given moves at given times (benchmarks, experiments).
 
 How :class:`BalancePolicy` decides (the thresholds are its constructor's arguments):
 
 1. Each report gives, per partition (a co-location group's index: everything that moves
-   together), the seconds its tasks took in the report's interval. Its **cost** is that as a
-   fraction of the interval, smoothed over reports (``smoothing``). A worker's **load** is the
-   sum of its partitions' costs: how busy its tasks keep it.
+   together), the seconds its tasks took in the report's interval, and the worker's idle time.
+   The time the worker was not idle is shared out among its partitions in proportion to their
+   tasks' seconds (a worker sharing its core with another job spends much of it waiting for
+   the CPU between tasks); a partition's **cost** is its share as a fraction of the interval,
+   smoothed over reports (``smoothing``). A worker's **load** is the sum of its partitions'
+   costs: the fraction of its time it is not idle.
 2. Workers step through the program together (signals, scatter-gathers), so each worker's load
    is its share of the work at the pace of the slowest. Partitions of one group do alike work,
-   so the ratio of a group's mean partition cost on two workers is the ratio of their
+   so the ratio of the time a group's tasks take on two workers is the ratio of their
    **speeds**; a worker's speed is the median of that over the groups it shares (1 where it
    shares none). A partition's **work** is its cost times its holder's speed; on worker ``w``
    it would cost ``work / speed[w]``.
@@ -87,9 +91,26 @@ class ChaosPolicy:
         return out
 
 
+class ScriptedPolicy:
+    """Moves ``(at, group, index, dest)``: partition ``index`` of ``group`` to ``dest`` at the
+    first tick ``at`` seconds or more into the job."""
+
+    def __init__(self, moves: list[tuple[float, int, int, int]]) -> None:
+        self.pending = sorted(moves)
+
+    def report(self, rep: LoadReport, now: float) -> None:
+        """Scripted moves do not depend on loads."""
+
+    def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
+        due = [m for m in self.pending if m[0] <= now]
+        self.pending = self.pending[len(due):]
+        return [(g, i, dest, f"scripted for {at:g} s") for at, g, i, dest in due]
+
+
 @dataclass
 class _Partition:
-    cost: float = 0.0  # smoothed fraction of its holder's time
+    cost: float = 0.0  # smoothed fraction of its holder's time (its share of the active time)
+    task_cost: float = 0.0  # smoothed fraction of its holder's time its own tasks took
     nbytes: int = 0
     holder: int = -1
     came_from: int | None = None  # the worker it last moved away from
@@ -141,15 +162,23 @@ class BalancePolicy:
         w.done = rep.done
         held = set()
         interval = max(rep.interval, 1e-9)
+        # The time a worker was not idle is its partitions' time, shared out as their tasks'
+        # seconds: a worker that shares its core with another job spends much of that time
+        # waiting for the CPU between tasks, which its tasks' own durations do not show.
+        tasks = sum(row[2] for row in rep.busy)
+        active = min(max(interval - rep.idle, tasks), interval)
+        scale = active / tasks if tasks > 0 else 0.0
         for g, i, seconds, nbytes in rep.busy:
             key = (g, i)
             held.add(key)
             p = self.parts.setdefault(key, _Partition())
-            frac = min(seconds / interval, 1.0)
+            frac = min(seconds * scale / interval, 1.0)
+            own = min(seconds / interval, 1.0)
             if p.holder != rep.worker:  # new here: its cost there is only now measured
-                p.holder, p.cost = rep.worker, frac
+                p.holder, p.cost, p.task_cost = rep.worker, frac, own
             else:
                 p.cost += self.smoothing * (frac - p.cost)
+                p.task_cost += self.smoothing * (own - p.task_cost)
             p.nbytes = nbytes
         w.partitions = held
 
@@ -159,11 +188,12 @@ class BalancePolicy:
         return [sum(self.parts[k].cost for k in w.partitions) for w in self.workers]
 
     def speeds(self) -> list[float]:
-        """Relative speeds (1 = the median worker) from the groups workers share."""
+        """Relative speeds (1 = the median worker) from the groups workers share, by how long
+        the same tasks take on each (a CPU that is slower, or spins, shows there)."""
         by_group: dict[int, dict[int, list[float]]] = {}
         for (g, _), p in self.parts.items():
-            if p.holder >= 0 and p.cost > 0:
-                by_group.setdefault(g, {}).setdefault(p.holder, []).append(p.cost)
+            if p.holder >= 0 and p.task_cost > 0:
+                by_group.setdefault(g, {}).setdefault(p.holder, []).append(p.task_cost)
         logs: list[list[float]] = [[] for _ in range(self.n_workers)]
         for per_worker in by_group.values():
             if len(per_worker) < 2:

@@ -62,7 +62,8 @@ class Job:
                 if owner == w:
                     secs = self.work[k] / self.speeds[w] * (1 + self.rng.uniform(-1, 1) * self.noise)
                     busy.append((k[0], k[1], secs, self.nbytes))
-            policy.report(LoadReport(0, w, period, tuple(busy), 0.0, 10, 0, False), now)
+            idle = max(period - sum(b[2] for b in busy), 0.0)  # it waits for the slowest
+            policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, 0, False), now)
         moves = policy.decide(now, self.ctrl)
         for g, i, dest, _ in moves:  # done by the next round
             self.ctrl.owners[(g, i)] = dest
@@ -166,3 +167,19 @@ def test_chaos_moves_are_seeded_and_leave_moving_partitions_alone() -> None:
 def test_a_policy_for_no_worker_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="at least one worker"):
         BalancePolicy(0)
+
+
+def test_a_worker_that_waits_for_its_cpu_between_tasks_counts_as_slower() -> None:
+    # Sharing its core with another job, worker 1's tasks take their usual time each, but it is
+    # never idle: the time between its tasks is its partitions' too.
+    policy = BalancePolicy(2)
+    ctrl = FakeController(2, {(0, i): i // 4 for i in range(8)})
+    moves: list = []
+    for r in range(10):
+        for w in range(2):
+            busy = tuple((g, i, 0.05, 1 << 20) for (g, i), o in sorted(ctrl.owners.items())
+                         if o == w)
+            idle = 0.5 if w == 0 else 0.0  # worker 0 waits half the time for worker 1
+            policy.report(LoadReport(0, w, 1.0, busy, idle, 10, 0, False), r)
+        moves += policy.decide(r, ctrl)
+    assert moves and all(dest == 0 for _, _, dest, _ in moves)

@@ -372,3 +372,26 @@ def test_apps_names_a_peer_whose_answer_is_wrong(monkeypatch: pytest.MonkeyPatch
     assert row["peers_correct"] == {"dask_threaded": True, "pyspark_mappartitions": False}
     assert rows[-1]["peers_wrong"] == ["logistic_regression@20000,8:pyspark_mappartitions"]
     assert "pyspark_mappartitions's answer differs from numpy's" in err
+
+
+def test_straggler_quick_prints_each_run_and_a_summary() -> None:
+    rows = run_bench("straggler.py", "--quick", "--apps", "logistic_regression",
+                     "--scenarios", "slowdown")
+    runs = rows[:-1]
+    assert [(r["scenario"], r["balance"]) for r in runs] == [
+        ("equal", True), ("slowdown", False), ("slowdown", True)]
+    for r in runs:
+        assert r["iterations"] == len(r["series_ms"]) == len(r["series_at_s"]) > 0
+        assert r["steady_ms"] > 0
+    summary = rows[-1]
+    assert summary["summary"] == "straggler"
+    assert summary["balanced_run_moves"] == {"logistic_regression": runs[0]["migrations"]}
+    assert set(summary["over_ideal"]) == {"logistic_regression/slowdown"}
+
+
+def test_migration_quick_moves_one_partition_and_times_it() -> None:
+    rows = run_bench("migration.py", "--quick")
+    probe, move, summary = rows
+    assert probe["probe"] == "mpi_send" and probe["bytes"] == 4 * 2**20 and probe["gbps"] > 0
+    assert move["bytes"] == 4 * 2**20 and move["transfer_s"] > 0
+    assert summary["migrations"] == 1 and summary["move_over_mpi_bandwidth"] > 0

@@ -115,9 +115,13 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     report_s = config.report_s
     next_report = t0 + report_s
     idle = 0.0  # seconds spent waiting with nothing to run since the last report
+    idle_since: float | None = None  # when the current wait began (polls and sleeps included)
     while True:
         got = tx.poll()
         while got is not None:
+            if idle_since is not None:
+                idle += perf_counter() - idle_since
+                idle_since = None
             msg = got[1]
             if trace_recv is not None:
                 trace_recv(got[0], msg)
@@ -140,6 +144,9 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         if task is not None or resume:
             backoff.reset()
             t_batch = perf_counter()
+            if idle_since is not None:
+                idle += t_batch - idle_since
+                idle_since = None
             n = 0
             while n < batch and (task is not None or resume):
                 if task is not None:
@@ -190,10 +197,13 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         if stats is not None and state.done_sent and "t_done" not in stats:
             stats["t_done"] = time.perf_counter()
             stats["cpu_done"] = time.process_time()
-        t_idle = perf_counter()
-        if t_idle >= next_report:
-            next_report = t_idle + report_s
-            for ins in handle(Tick(local_event_id(rank, next(ids)), t_idle - t0, idle)):
+        now = perf_counter()
+        if idle_since is None:
+            idle_since = now
+        if now >= next_report:
+            next_report = now + report_s
+            for ins in handle(Tick(local_event_id(rank, next(ids)), now - t0,
+                                   idle + now - idle_since)):
                 if type(ins) is Send:
                     send(ins.dest, ins.message)
                 elif type(ins) is RunTask:
@@ -201,11 +211,11 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                 else:
                     resume = True
             idle = 0.0
+            idle_since = now
             if task is not None or resume:
                 continue
         tx.progress()
         backoff.sleep()
-        idle += perf_counter() - t_idle
 
 
 def _spin(seconds: float) -> None:

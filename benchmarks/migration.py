@@ -1,0 +1,164 @@
+"""How fast a partition moves: a ``--mb`` MB partition group moved between two workers, against
+the MPI point-to-point bandwidth measured in the same run.
+
+Under ``mpiexec -n 3`` (a controller and two workers) the child first times ``--reps`` plain
+``Send``/``Recv`` of the same number of bytes from worker 1 to worker 0 (the MPI bandwidth),
+then runs a job whose loop touches a few elements of each worker's big partition every
+iteration, with a scripted move (``controller.balance.ScriptedPolicy``) of worker 1's partition
+to worker 0 ``--at`` seconds in. The move's transfer time is from the source sending its values
+to the destination installing them (the ends of the two ``migrate`` trace spans). Iterations
+are timed from the loop test's trace records: the ``slowest_ms`` iteration, the one the move
+fell in, is compared with the median plus the transfer time it has to absorb.
+
+Prints JSON lines: the bandwidth probe, the move, then the summary
+(``move_over_mpi_bandwidth``: the move's throughput over the MPI bandwidth).
+
+    python benchmarks/migration.py              # 100 MB, ~30 s
+    python benchmarks/migration.py --quick      # 4 MB (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from canary.trace import Tracer, gather_and_write, load_events  # noqa: E402
+
+
+def program(mb: float, iters: int) -> Any:
+    import canary
+
+    n = int(mb * 2**20 / 8)
+    p = canary.Program("migration")
+    big, head = p.dataset("big", 2), p.dataset("head", 2)
+    s = p.dataset("s", 1)
+    p.load([big], lambda i, parts: np.full(n, float(i + 1)))
+    p.compute(lambda v: v[:1].copy(), [big], [head], name="touch")
+    p.reduce(head, s)
+    with p.while_(lambda v: True, on=s, max_iter=iters, name="while_loop"):
+        p.compute(lambda v: v[:1] + v[-1:], [big], [head], name="touch")
+        p.reduce(head, s)
+    p.report(s)
+    return p
+
+
+def child(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    from canary.controller.balance import ScriptedPolicy
+    from canary.controller.runtime import run_controller
+    from canary.worker.config import WorkerConfig
+    from canary.worker.runtime import run_worker
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    comm = world.Dup()
+    nbytes = int(args.mb * 2**20)
+    if rank in (1, 2):  # the MPI bandwidth between the two workers, same bytes
+        buf = np.ones(nbytes // 8)
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            if rank == 2:
+                comm.Send(buf, dest=1, tag=7)
+                comm.Recv(buf[:1], source=1, tag=8)  # the receiver's ack closes the timing
+            else:
+                comm.Recv(buf, source=2, tag=7)
+                comm.Send(buf[:1], dest=2, tag=8)
+            times.append(time.perf_counter() - t0)
+        if rank == 2:
+            best = min(times)
+            print(json.dumps({"probe": "mpi_send", "bytes": nbytes, "seconds": times,
+                              "gbps": round(nbytes / best / 1e9, 3)}), flush=True)
+            comm.send(nbytes / best, dest=0, tag=9)
+        del buf
+    if rank == 0:
+        bandwidth = comm.recv(source=2, tag=9)
+    job = comm.Dup()
+    prog = program(args.mb, args.iters)
+    group = prog.finalize().group_of(prog.datasets[0])
+    tracer = Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}", loop_only=True)
+    if rank == 0:
+        res = run_controller(prog, job, tracer=tracer,
+                             policy=ScriptedPolicy([(args.at, group, 1, 0)]))
+    else:
+        run_worker(prog, job, WorkerConfig.from_env(), tracer=tracer)
+        res = None
+    gather_and_write(job, tracer, args.trace)
+    if rank == 0:
+        assert res is not None
+        print(json.dumps({"job": "done", "migrations": res.migrations,
+                          "bytes_migrated": res.bytes_migrated,
+                          "mpi_bytes_per_s": bandwidth}), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=float, default=100.0)
+    ap.add_argument("--iters", type=int, default=3000)
+    ap.add_argument("--at", type=float, default=2.0, help="seconds into the job to move")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--trace", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args)
+    if args.quick:
+        args.mb, args.iters, args.at, args.reps = 4.0, 400, 0.3, 2
+    from canary.cli import find_mpiexec, mpiexec_env
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        cmd = [find_mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py", __file__, "--child",
+               "--mb", str(args.mb), "--iters", str(args.iters), "--at", str(args.at),
+               "--reps", str(args.reps), "--trace", trace]
+        env = mpiexec_env(600, str(ROOT))
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=660)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            return 1
+        events = load_events(trace)
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    probe = next(x for x in lines if x.get("probe"))
+    job = next(x for x in lines if x.get("job"))
+    print(json.dumps(probe))
+    spans = {e["name"]: e for e in events if e.get("cat") == "migration"}
+    sent = spans["migrate out"]["ts"] + spans["migrate out"]["dur"]
+    installed = spans["migrate in"]["ts"] + spans["migrate in"]["dur"]
+    transfer = (installed - sent) / 1e6
+    ends = sorted(e["ts"] + e["dur"] for e in events
+                  if e.get("cat") == "task" and e["name"] == "while_loop")
+    gaps = [(b - a) / 1e3 for a, b in zip(ends, ends[1:])]
+    median = statistics.median(gaps)
+    around = max((b - a) / 1e3 for a, b in zip(ends, ends[1:]) if a <= installed and b >= sent)
+    move = {"move": "partition", "bytes": job["bytes_migrated"], "transfer_s": round(transfer, 6),
+            "gbps": round(job["bytes_migrated"] / transfer / 1e9, 3),
+            "iteration_median_ms": round(median, 4), "slowest_ms": round(around, 3),
+            "explained_ms": round(median + transfer * 1e3, 3)}
+    print(json.dumps(move))
+    print(json.dumps({"summary": "migration", "mb": args.mb,
+                      "mpi_gbps": probe["gbps"], "move_gbps": move["gbps"],
+                      "move_over_mpi_bandwidth": round(move["gbps"] / probe["gbps"], 3),
+                      "slowest_over_explained": round(around / move["explained_ms"], 3),
+                      "migrations": job["migrations"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

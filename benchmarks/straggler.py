@@ -1,0 +1,281 @@
+"""A straggler the engine recovers from: one slow worker, balancing off against on, in one run.
+
+For logistic regression and k-means on ``--workers`` workers (default 2) with ``--ppw``
+partitions per worker (default 8), each scenario runs the app under ``canary run``'s balancing
+(on) and without it (off), interleaved:
+
+* ``equal``: no worker slowed (balancing on): the reference, and the check that a balanced run
+  moves nothing;
+* ``slowdown``: the last worker's tasks take ``--factor`` (3) times as long
+  (``CANARY_SLOWDOWN``, the engine spins for the difference);
+* ``competing``: a busy loop pinned to the last worker's core, every worker pinned to a core of
+  its own (``os.sched_setaffinity``), so that worker gets about half of its core.
+
+Each run's iterations are timed from the workers' own records of the loop test
+(``CANARY_TRACE_LEVEL=loop``) and each move from its trace span. The **ideal** iteration time
+is the work divided over the workers in proportion to their speed: with the equal run's time
+``t`` and the off run's ``t_off`` (the slow worker's ``ppw`` partitions bound it, so it is
+``f = t_off / t`` times slower), ``ideal = W t / (W - 1 + 1 / f)`` for ``W`` workers. Balancing
+has **settled** at the first iteration after which the median of every window of 25 iterations
+stays within 1.15x of the ideal; ``steady_ms`` is the median of the run's last 40%.
+
+``--micro`` adds the micropartitioning sweep (the Canary paper's Fig 8a shape): logistic
+regression with the slowed worker at 1, 2, 4, 8, 16 partitions per worker, balancing on.
+
+Prints JSON lines (one per run, then a summary) and, with ``--plot DIR``, draws
+``straggler.png`` (iteration time against time, moves marked) and ``micropartition_balance.png``.
+
+    python benchmarks/straggler.py --plot docs/img/performance          # ~4 min
+    python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~2 min
+    python benchmarks/straggler.py --quick                               # tiny (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from canary.trace import load_events  # noqa: E402
+
+APPS = {  # app -> (generated data, iterations) at full size and with --quick
+    "logistic_regression": (["--generate", "200000,20", "--tol", "1e-30"], 1500,
+                            ["--generate", "4000,4", "--tol", "1e-30"], 60),
+    "kmeans": (["--generate", "150000,20,8", "--k", "32", "--tol", "0"], 400,
+               ["--generate", "4000,4,4", "--tol", "0"], 40),
+}
+SETTLE_WINDOW = 25
+TARGET = 1.15
+
+
+def pinned_child() -> int:
+    """Run under mpiexec: pin this rank (a worker to a core of its own), then run the app."""
+    import runpy
+
+    # this folder holds benchmarks/apps.py, which would shadow the ``apps`` package
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    rank = int(os.environ.get("PMI_RANK", "0"))
+    cores = sorted(os.sched_getaffinity(0))
+    if rank > 0:
+        os.sched_setaffinity(0, {cores[(rank - 1) % len(cores)]})
+    app = sys.argv[2]
+    sys.argv = [app, *sys.argv[3:]]
+    runpy.run_path(app, run_name="__main__")
+    return 0
+
+
+def busy_loop(core: int) -> subprocess.Popen[bytes]:
+    """A process spinning on ``core`` until killed: a competing job on that machine."""
+    code = (f"import os; os.sched_setaffinity(0, {{{core}}})\n"
+            "while True:\n    pass\n")
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
+        env_extra: dict[str, str], pinned: bool, timeout: int) -> dict[str, Any]:
+    """One run of ``app`` under ``canary run``: its iteration end times and moves."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        script = [str(ROOT / "apps" / f"{app}.py")]
+        if pinned:
+            script = [str(Path(__file__).resolve()), "--pinned-child", *script]
+        cmd = [sys.executable, "-m", "canary.cli", "run", "-n", str(workers), "--timeout",
+               str(timeout), "--balance", "on" if balance else "off", *script, *argv,
+               "--max-iter", str(iters), "--print-every", "0"]
+        env = dict(os.environ, CANARY_TRACE=trace, CANARY_TRACE_LEVEL="loop",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   **env_extra)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout + 60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{app} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        events = load_events(trace)
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    ends = loop_ends(events)
+    t0 = ends[0] if ends else 0.0
+    moves = sorted((e["ts"] + e["dur"] - t0) / 1e6 for e in events
+                   if e.get("cat") == "migration" and e["name"] == "migrate in")
+    times = [(b - a) / 1e3 for a, b in zip(ends, ends[1:])]  # ms
+    return {"iteration_ms": times, "at_s": [(e - t0) / 1e6 for e in ends[1:]], "moves_s": moves,
+            "migrations": summary["migrations"], "bytes_migrated": summary["bytes_migrated"],
+            "moves_said": proc.stderr.count("canary: moved partition")}
+
+
+def loop_ends(events: list[dict[str, Any]]) -> list[float]:
+    """End times (µs) of the main loop's test, one per iteration, in order."""
+    ends: dict[str, dict[int, float]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "task" and str(e["name"]).startswith("while_"):
+            seqs = ends.setdefault(e["name"], {})
+            seqs[e["args"]["seq"]] = max(seqs.get(e["args"]["seq"], 0.0), e["ts"] + e["dur"])
+    if not ends:
+        return []
+    main = max(ends.values(), key=len)
+    return [main[s] for s in sorted(main)]
+
+
+def steady(times: list[float]) -> float:
+    tail = times[int(len(times) * 0.6):] or times
+    return statistics.median(tail)
+
+
+def settled_at(times: list[float], at: list[float], ideal: float) -> float | None:
+    """Seconds into the run after which every window's median is within TARGET of ideal."""
+    w = SETTLE_WINDOW
+    ok_from = None
+    for k in range(0, max(len(times) - w, 0) + 1):
+        good = statistics.median(times[k:k + w]) <= TARGET * ideal
+        if good and ok_from is None:
+            ok_from = k
+        elif not good:
+            ok_from = None
+    return None if ok_from is None else at[ok_from]
+
+
+def main(argv: list[str] | None = None) -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--pinned-child":
+        return pinned_child()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--apps", default="logistic_regression,kmeans")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--ppw", type=int, default=8, help="partitions per worker")
+    ap.add_argument("--factor", type=float, default=3.0)
+    ap.add_argument("--scenarios", default="slowdown,competing")
+    ap.add_argument("--micro", action="store_true", help="add the micropartitioning sweep")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
+    ap.add_argument("--plot", default=None, metavar="DIR", help="write the charts here")
+    ap.add_argument("--timeout", type=int, default=300)
+    args = ap.parse_args(argv)
+    W = args.workers
+    slow = W - 1
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"summary": "straggler", "workers": W, "ppw": args.ppw,
+                               "factor": args.factor, "target": TARGET}
+    for app in args.apps.split(","):
+        data, iters, qdata, qiters = APPS[app]
+        if args.quick:
+            data, iters = qdata, qiters
+        argv_app = [*data, "--partitions", str(W * args.ppw)]
+        ref = run(app, argv_app, iters, W, True, {}, False, args.timeout)
+        t_eq = steady(ref["iteration_ms"])
+        rows.append(emit({"app": app, "scenario": "equal", "balance": True, "steady_ms": t_eq,
+                          "migrations": ref["migrations"]}, ref))
+        summary.setdefault("balanced_run_moves", {})[app] = ref["migrations"]
+        for scenario in args.scenarios.split(","):
+            env = {"CANARY_SLOWDOWN": f"{slow}:{args.factor:g}"} if scenario == "slowdown" else {}
+            got: dict[bool, dict[str, Any]] = {}
+            for balance in (False, True):
+                hog = busy_loop(sorted(os.sched_getaffinity(0))[slow % os.cpu_count()]) \
+                    if scenario == "competing" else None
+                try:
+                    got[balance] = run(app, argv_app, iters, W, balance, env,
+                                       scenario == "competing", args.timeout)
+                finally:
+                    if hog is not None:
+                        hog.kill()
+                        hog.wait()
+            t_off = steady(got[False]["iteration_ms"])
+            f = max(t_off / t_eq, 1.0)
+            ideal = W * t_eq / (W - 1 + 1 / f)
+            for balance, r in got.items():
+                settle = settled_at(r["iteration_ms"], r["at_s"], ideal) if balance else None
+                row = {"app": app, "scenario": scenario, "balance": balance,
+                       "steady_ms": steady(r["iteration_ms"]), "ideal_ms": round(ideal, 4),
+                       "slow_worker_factor": round(f, 3),
+                       "over_ideal": round(steady(r["iteration_ms"]) / ideal, 3),
+                       "settled_s": None if settle is None else round(settle, 3),
+                       "migrations": r["migrations"], "bytes_migrated": r["bytes_migrated"]}
+                rows.append(emit(row, r))
+                if balance:
+                    summary.setdefault("over_ideal", {})[f"{app}/{scenario}"] = row["over_ideal"]
+                    summary.setdefault("settled_s", {})[f"{app}/{scenario}"] = row["settled_s"]
+                    summary.setdefault("bytes_migrated", {})[f"{app}/{scenario}"] = \
+                        row["bytes_migrated"]
+            summary.setdefault("off_over_on", {})[f"{app}/{scenario}"] = round(
+                t_off / steady(got[True]["iteration_ms"]), 3)
+    if args.micro:
+        app = "logistic_regression"
+        data, iters, qdata, qiters = APPS[app]
+        if args.quick:
+            data, iters = qdata, qiters
+        env = {"CANARY_SLOWDOWN": f"{slow}:{args.factor:g}"}
+        for ppw in (1, 2, 4, 8, 16):
+            r = run(app, [*data, "--partitions", str(W * ppw)], iters, W, True, env, False,
+                    args.timeout)
+            rows.append(emit({"app": app, "scenario": "micropartition", "balance": True,
+                              "ppw": ppw, "steady_ms": steady(r["iteration_ms"]),
+                              "migrations": r["migrations"],
+                              "bytes_migrated": r["bytes_migrated"]}, r))
+            summary.setdefault("micro_steady_ms", {})[str(ppw)] = steady(r["iteration_ms"])
+    print(json.dumps(summary), flush=True)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def emit(row: dict[str, Any], run_: dict[str, Any]) -> dict[str, Any]:
+    """Print ``row`` (with the run's iteration series, for the charts) and return it."""
+    row = {**row, "steady_ms": round(row["steady_ms"], 4), "iterations": len(run_["iteration_ms"]),
+           "series_ms": [round(t, 4) for t in run_["iteration_ms"]],
+           "series_at_s": [round(t, 4) for t in run_["at_s"]], "moves_s": run_["moves_s"]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def plot(rows: list[dict[str, Any]], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out, exist_ok=True)
+    panels = [(r["app"], r["scenario"]) for r in rows
+              if r["scenario"] not in ("equal", "micropartition") and not r["balance"]]
+    if panels:
+        fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), squeeze=False)
+        for ax, (app, scenario) in zip(axes[:, 0], panels):
+            for r in rows:
+                if r["app"] == app and r["scenario"] == scenario:
+                    label = "balancing on" if r["balance"] else "balancing off"
+                    ax.plot(r["series_at_s"], r["series_ms"], lw=0.6, label=label)
+                    for k, t in enumerate(r["moves_s"]):
+                        ax.axvline(t, color="red", lw=0.5, alpha=0.6,
+                                   label="a partition moved" if k == 0 else None)
+                    if r["balance"]:
+                        ax.axhline(r["ideal_ms"], color="k", ls="--", lw=0.8, label="ideal")
+                        ax.axhline(TARGET * r["ideal_ms"], color="k", ls=":", lw=0.8,
+                                   label=f"{TARGET}x ideal")
+            ax.set_title(f"{app}, {scenario}")
+            ax.set_ylabel("iteration (ms)")
+            ax.set_yscale("log")
+            ax.legend(fontsize=7, loc="upper right")
+        axes[-1, 0].set_xlabel("seconds into the run")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "straggler.png"), dpi=110)
+        plt.close(fig)
+    micro = [r for r in rows if r["scenario"] == "micropartition"]
+    if micro:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([r["ppw"] for r in micro], [r["steady_ms"] for r in micro], marker="o")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("partitions per worker")
+        ax.set_ylabel("iteration after balancing (ms)")
+        ax.set_title("logistic regression, one worker 3x slower")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "micropartition_balance.png"), dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
