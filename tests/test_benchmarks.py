@@ -394,5 +394,6 @@ def test_migration_quick_moves_one_partition_and_times_it() -> None:
     warm, new, move, summary = rows
     assert (warm["probe"], new["probe"]) == ("mpi_send", "mpi_send_new_memory")
     assert warm["bytes"] == new["bytes"] == 4 * 2**20 and warm["gbps"] > 0 and new["gbps"] > 0
-    assert move["bytes"] == 4 * 2**20 and move["transfer_s"] > 0
+    assert 4 * 2**20 <= move["bytes"] < 4 * 2**20 + 1024 and move["transfer_s"] > 0  # + a tiny
+    # partition of the same group (the moved group's other dataset)
     assert summary["migrations"] == 1 and summary["move_over_mpi_bandwidth"] > 0
