@@ -99,6 +99,18 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         if full:
             trace_fused = tracer.fused_task
 
+    def carry(instrs: list[Any], task: Task | None, resume: bool) -> tuple[Task | None, bool]:
+        """Carry out ``instrs``: send, keep the task handed out, note a yield. (The two loops
+        below do the same inline: they are the hot path.)"""
+        for ins in instrs:
+            if type(ins) is Send:
+                send(ins.dest, ins.message)
+            elif type(ins) is RunTask:
+                task = ins.task
+            else:
+                resume = True
+        return task, resume
+
     task: Task | None = None  # handed out by the state, not yet run
     resume = False  # the state yielded: feed it Resume once the sends before it are out
     for ins in state.start():
@@ -185,13 +197,8 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                     batch //= 2
             if now >= next_report:
                 next_report = now + report_s
-                for ins in handle(Tick(local_event_id(rank, next(ids)), now - t0, idle)):
-                    if type(ins) is Send:
-                        send(ins.dest, ins.message)
-                    elif type(ins) is RunTask:
-                        task = ins.task
-                    else:
-                        resume = True
+                task, resume = carry(handle(Tick(local_event_id(rank, next(ids)), now - t0,
+                                                 idle)), task, resume)
                 idle = 0.0
             continue
         if stats is not None and state.done_sent and "t_done" not in stats:
@@ -202,14 +209,8 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             idle_since = now
         if now >= next_report:
             next_report = now + report_s
-            for ins in handle(Tick(local_event_id(rank, next(ids)), now - t0,
-                                   idle + now - idle_since)):
-                if type(ins) is Send:
-                    send(ins.dest, ins.message)
-                elif type(ins) is RunTask:
-                    task = ins.task
-                else:
-                    resume = True
+            task, resume = carry(handle(Tick(local_event_id(rank, next(ids)), now - t0,
+                                             idle + now - idle_since)), task, resume)
             idle = 0.0
             idle_since = now
             if task is not None or resume:
