@@ -167,7 +167,8 @@ class MigrateDone(Message):
 # ------------------------------------------------------------------ controller -> worker
 @dataclass(slots=True)
 class Placement(Message):
-    """A partition map (initial placement or update); newer entry versions win."""
+    """A partition map (initial placement or update); newer entry versions win, except that a
+    move's source and destination take the moved entry from the move's own messages."""
 
     eid: int
     map: PartitionMap

@@ -7,6 +7,7 @@ can say which placement its sender believed in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 ACCEPT = "accept"
@@ -65,13 +66,22 @@ class PartitionMap:
         self.owners[group][index] = worker
         self.versions[group][index] += 1
 
-    def merge(self, newer: PartitionMap) -> None:
-        """Take every entry of ``newer`` whose version is higher than ours."""
+    def adopt(self, group: int, index: int, owner: int, version: int) -> bool:
+        """Take the entry ``(owner, version)`` if its version is higher than ours; say if so."""
+        if version <= self.versions[group][index]:
+            return False
+        self.versions[group][index] = version
+        self.owners[group][index] = owner
+        return True
+
+    def merge(self, newer: PartitionMap,
+              skip: Callable[[int, int, int], bool] | None = None) -> None:
+        """Take every entry of ``newer`` whose version is higher than ours, except those for
+        which ``skip(group, index, new_owner)`` is true."""
         for g, (own, ver) in enumerate(zip(newer.owners, newer.versions)):
             for i, v in enumerate(ver):
-                if v > self.versions[g][i]:
-                    self.versions[g][i] = v
-                    self.owners[g][i] = own[i]
+                if v > self.versions[g][i] and (skip is None or not skip(g, i, own[i])):
+                    self.adopt(g, i, own[i], v)
 
     def validate_state(self) -> None:
         """Raise AssertionError unless every entry has exactly one valid owner and version >= 1."""

@@ -159,8 +159,8 @@ class ControllerState:
             started.append((self._moves, g, i, src, dest))
         if not started:
             return out
-        update = self.map.copy()
-        out += [self._send(worker_rank(w), Placement(self._next_eid(), update.copy()))
+        update = self.map.copy()  # what the workers see: later moves must not change it
+        out += [self._send(worker_rank(w), Placement(self._next_eid(), update))
                 for w in range(self.n_workers)]
         out += [self._send(worker_rank(src), MigrateOut(self._next_eid(), move, g, i, dest,
                                                         self.map.version(g, i)))

@@ -56,3 +56,15 @@ def test_validate_state_catches_a_bad_owner() -> None:
 )
 def test_route_incoming(me: int, owner: int, mine: int, sender: int, expected: str) -> None:
     assert route_incoming(me, owner, mine, sender) == expected
+
+
+def test_adopt_takes_only_a_newer_entry_and_merge_can_leave_entries_to_the_caller() -> None:
+    m = PartitionMap.initial([4], 2)
+    assert m.adopt(0, 1, 1, 2) and (m.owner(0, 1), m.version(0, 1)) == (1, 2)
+    assert not m.adopt(0, 1, 0, 2) and m.owner(0, 1) == 1  # not newer: kept
+    newer = PartitionMap.initial([4], 2)
+    newer.move(0, 0, 1)
+    newer.move(0, 3, 0)
+    m.merge(newer, skip=lambda g, i, owner: owner == 1)  # a worker's own incoming entry
+    assert (m.owner(0, 0), m.version(0, 0)) == (0, 1)  # skipped
+    assert (m.owner(0, 3), m.version(0, 3)) == (0, 2)  # taken

@@ -107,7 +107,8 @@ class Migration(WorkerCore):
         mv = MoveOut(ev.move, g, i, ev.dest, max([self.seq, *starts]))
         self.moves_out[ev.move] = mv
         self._moving[(g, i)] = mv
-        self._set_entry(g, i, ev.dest, ev.version)
+        assert self.map is not None
+        self.map.adopt(g, i, ev.dest, ev.version)  # the move's entry, applied here and now
         self._hold_emission += 1
         self._send_out(worker_rank(ev.dest), MigrateOffer(self._next_eid(), ev.move, g, i,
                                                           self.worker, mv.offered_at, ev.version),
@@ -163,7 +164,7 @@ class Migration(WorkerCore):
         mv = MoveIn(ev.move, ev.group, ev.index, ev.source, cut)
         self.moves_in[ev.move] = mv
         self._moving[(ev.group, ev.index)] = mv
-        self._set_entry(ev.group, ev.index, self.worker, ev.version)
+        self.map.adopt(ev.group, ev.index, self.worker, ev.version)
         bisect.insort(self._cuts, (cut, ev.move, ev.group, ev.index, True))
         self._send_out(worker_rank(ev.source), MigrateAccept(self._next_eid(), ev.move, cut), out)
         self._switch_at_cuts(out)
@@ -265,28 +266,15 @@ class Migration(WorkerCore):
                                                   piece.src, (j,), (self.map.version(g, j),),
                                                   piece.array), out)
 
-    def _set_entry(self, g: int, i: int, owner: int, version: int) -> None:
-        """Apply a moved partition's map entry here (unless a newer one is already known)."""
-        assert self.map is not None
-        if version > self.map.versions[g][i]:
-            self.map.owners[g][i] = owner
-            self.map.versions[g][i] = version
-
     def merge_map(self, newer: Any) -> None:
         """Take every newer entry of a map update, except those of a partition this worker holds
         or is to receive: the move's own messages apply those, at the moment the move reaches
         this worker (so its map never names it owner of a partition it neither holds nor
         awaits, nor names another owner for one it still runs alone)."""
         assert self.map is not None
-        for g, (owners, versions) in enumerate(zip(newer.owners, newer.versions)):
-            mine = self.map.owners[g]
-            for i, v in enumerate(versions):
-                if v <= self.map.versions[g][i]:
-                    continue
-                if (mine[i] == self.worker or owners[i] == self.worker) and (
-                        (g, i) not in self._moving):
-                    continue
-                self._set_entry(g, i, owners[i], v)
+        mine = self.map.owners
+        self.map.merge(newer, skip=lambda g, i, owner: (
+            (mine[g][i] == self.worker or owner == self.worker) and (g, i) not in self._moving))
 
     def _reroute_held(self, out: list[Any]) -> None:
         held, self.held = self.held, []

@@ -252,9 +252,9 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
             assert not (p.writer and p.readers), f"partition ({did},{i}) has a writer and readers"
             assert p.readers >= 0
             assert not p.frozen or (g, i) in incoming, f"({did},{i}) frozen with no move"
+        cut_pending = {(c[2], c[3]) for c in self._cuts}
         for g, idxs in enumerate(self.local):
             assert idxs == sorted(idxs), f"local partitions of group {g} out of order"
-            cut_pending = {(c[2], c[3]) for c in self._cuts}
             assert set(idxs) ^ set(self.map.local(g, self.worker)) <= (
                 {i for gg, i in outgoing | cut_pending | incoming if gg == g}), (
                 f"local partitions of group {g} disagree with the map outside any move")
