@@ -94,7 +94,6 @@ class WorkerCore:
     _moving: dict[tuple[int, int], Any]  # (group, index) under way -> its move
     _hold_emission: int  # offers waiting for their cut
     _cuts: list[tuple[int, int, int, int, bool]]  # (cut, move, group, index, starts), sorted
-    migrated_in_bytes: int
 
     # ---- load (reported on each Tick)
     busy: dict[tuple[int, int], float]  # (group, index) -> seconds of its tasks this period

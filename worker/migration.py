@@ -90,7 +90,6 @@ class Migration(WorkerCore):
         # (cut, move, group, index, starts): at instance `cut`, emission starts (destination)
         # or stops (source) including partition `index` of `group`
         self._cuts: list[tuple[int, int, int, int, bool]] = []
-        self.migrated_in_bytes = 0
         self._offers_before_placement: list[MigrateOffer] = []
 
     # ---------------------------------------------------------------- the source
@@ -193,7 +192,6 @@ class Migration(WorkerCore):
                 nbytes += p.value.nbytes
             p.last_seq = last
             p.frozen = False
-        self.migrated_in_bytes += nbytes
         del self.moves_in[mv.move]
         del self._moving[(mv.group, i)]
         for d in head.datasets:
