@@ -43,6 +43,7 @@ from canary.driver import (
     declare,
     json_line,
     npz_path,
+    planned_workers,
     write_outputs,
 )
 from canary.generate import blobs
@@ -574,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"tasks {ev.tasks}  {ev.seconds:.3f}s")
 
     args.on_progress = on_progress
-    prog_shape = declare(PROG, build, args, comm.Get_size() - 1, is_root=is_root)
+    prog_shape = declare(PROG, build, args, planned_workers(comm), is_root=is_root)
     if prog_shape is None:
         return 2
     prog, shape = prog_shape

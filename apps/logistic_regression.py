@@ -37,6 +37,7 @@ from canary.driver import (
     declare,
     json_line,
     npz_path,
+    planned_workers,
     write_outputs,
 )
 from canary.generate import logistic_data
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"tasks {ev.tasks}  {ev.seconds:.3f}s")
 
     args.on_progress = on_progress
-    declared = declare(PROG, build, args, comm.Get_size() - 1, is_root=is_root)
+    declared = declare(PROG, build, args, planned_workers(comm), is_root=is_root)
     if declared is None:  # every rank fails alike; rank 0 said why
         return 2
     prog, shape = declared

@@ -57,6 +57,7 @@ from canary.driver import (
     check_outputs,
     declare,
     json_line,
+    planned_workers,
     write_outputs,
 )
 from canary.generate import BLOCK_EDGES, rmat_edges
@@ -692,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{ev.seconds:.3f}s")
 
     args.on_progress = on_progress
-    declared = declare(PROG, build, args, comm.Get_size() - 1, is_root=is_root)
+    declared = declare(PROG, build, args, planned_workers(comm), is_root=is_root)
     if declared is None:
         return 2
     prog, shape = declared

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 import sysconfig
 
 from canary import launch
-from canary.mpi_runner import BALANCE_ENV
+from canary.driver import RESUME_ENV
+from canary.mpi_runner import BALANCE_ENV, CHECKPOINT_ENV, CHECKPOINT_EVERY_ENV, KEEP_ENV
+from canary.snapshot import SnapshotError, check_same_job, choose, committed, describe
 
 
 def find_mpiexec() -> str:
@@ -72,20 +75,80 @@ def _shown(cmd: list[str]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if not os.path.exists(args.script):
-        print(f"canary run: script not found: {args.script}", file=sys.stderr)
+    script, script_args = args.script, list(args.args)
+    checkpoint = args.checkpoint or args.resume  # a resumed job goes on taking snapshots there
+    if args.restarts and not checkpoint:
+        print("canary run: --restarts needs --checkpoint DIR (a relaunch resumes from the last "
+              "snapshot there)", file=sys.stderr)
+        return 2
+    snap = None
+    if args.resume:
+        snap, notes = choose(args.resume)  # SnapshotError: said by main()
+        for note in notes:
+            print(f"canary: {note}", file=sys.stderr)
+        if script is None:
+            script, script_args = snap.data["script"], list(snap.data["args"])
+        else:
+            check_same_job(snap, script, script_args)
+    elif script is None:
+        print("canary run: SCRIPT is required (or --resume DIR to continue a job)",
+              file=sys.stderr)
+        return 2
+    if not os.path.exists(script):
+        print(f"canary run: script not found: {script}", file=sys.stderr)
         return 2
     if args.hostfile and not os.path.exists(args.hostfile):
         print(f"canary run: hostfile not found: {args.hostfile}", file=sys.stderr)
         return 2
     mpiexec = find_mpiexec()
     hydra = launch.is_hydra(mpiexec)
-    cmd = mpiexec_command(args.n, args.script, args.args, args.hostfile, mpiexec, hydra)
+    cmd = mpiexec_command(args.n, script, script_args, args.hostfile, mpiexec, hydra)
     env = mpiexec_env(args.timeout, launch.checkout_root())
     env[BALANCE_ENV] = args.balance
+    if checkpoint:
+        os.makedirs(checkpoint, exist_ok=True)  # OSError: said by main()
+        env.update({CHECKPOINT_ENV: os.path.abspath(checkpoint),
+                    CHECKPOINT_EVERY_ENV: str(args.checkpoint_every), KEEP_ENV: str(args.keep)})
+        if snap is None and committed(checkpoint):
+            print(f"canary: note: {checkpoint} already holds snapshots of an earlier run; this "
+                  "run starts afresh (`--resume DIR` continues from them)", file=sys.stderr)
     if args.verbose:
         print("canary run:", _shown(cmd), file=sys.stderr)
-    return launch.supervise(cmd, env, args.n + 1, hydra)
+    restarts = 0
+    while True:
+        if snap is not None:
+            env[RESUME_ENV] = snap.path
+            print(f"canary: resuming from snapshot {snap.id} ({snap.position['where']}, taken "
+                  f"{snap.data['run_seconds']:.0f} s into the run) on {args.n} worker(s)",
+                  file=sys.stderr)
+        status, lost = launch.supervise_job(cmd, env, args.n + 1, hydra)
+        if status == 0 or not lost or restarts >= args.restarts:
+            return status
+        restarts += 1
+        try:
+            snap, notes = choose(checkpoint)
+        except SnapshotError:
+            snap, notes = None, []
+        for note in notes:
+            print(f"canary: {note}", file=sys.stderr)
+        where = (f"snapshot {snap.id}" if snap is not None
+                 else "the beginning (no snapshot was committed)")
+        print(f"canary: restarting the job ({restarts} of {args.restarts}) from {where}",
+              file=sys.stderr)
+        if snap is None:
+            env.pop(RESUME_ENV, None)
+
+
+def _snapshots(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="canary snapshots",
+        description="List the committed snapshots in DIR, one JSON line each (id, position in "
+                    "the program, time, bytes, workers, checksum status), oldest first.")
+    ap.add_argument("dir")
+    args = ap.parse_args(argv)
+    for snap in committed(args.dir):
+        print(json.dumps(describe(snap)), flush=True)
+    return 0
 
 
 RUN_HELP = """\
@@ -99,11 +162,18 @@ exit status:
            --help), or the code of a rank that ended the job after saying why (1: a
            task failed)
   128+S    a rank was killed by signal S (137: SIGKILL, 139: SIGSEGV) before the job
-           finished; canary names the rank; the job's results are lost
+           finished; canary names the rank (with --restarts K, canary relaunches the job
+           from its last snapshot up to K times first)
   1        a rank exited with status 0 before the job finished (a rank that exits
            with status C != 0 before then gives C)
   124      the time limit (--timeout, MPIEXEC_TIMEOUT) expired
   130/143  canary run was interrupted (Ctrl-C) / terminated (SIGTERM): job stopped
+
+snapshots: with --checkpoint DIR the job writes a snapshot every --checkpoint-every
+seconds (default 60) into DIR, keeping the last --keep (default 2); `canary run -n M
+--resume DIR` continues the job from the newest usable one on M workers (SCRIPT and ARGS
+may be left out; if given they must be the recorded ones); `canary snapshots DIR` lists
+them.
 
 stopping: Ctrl-C, or SIGTERM/SIGHUP to canary run, stops the whole job (mpiexec and every
 rank) within seconds and prints one line; a second Ctrl-C kills at once. If canary run is
@@ -118,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         from canary.sim.cli import main as simulate
 
         return simulate(argv[1:])
+    if argv and argv[0] == "snapshots":
+        try:
+            return _snapshots(argv[1:])
+        except SnapshotError as exc:
+            print(f"canary snapshots: {exc}", file=sys.stderr)
+            return 2
     ap = argparse.ArgumentParser(prog="canary", description="Canary dataflow engine.")
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a driver on N workers + 1 controller under mpiexec",
@@ -130,12 +206,27 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--balance", choices=("on", "off"), default="on",
                    help="move partitions off workers that are markedly slower (default on; "
                         "sets CANARY_BALANCE for the ranks)")
-    r.add_argument("script")
+    r.add_argument("--checkpoint", metavar="DIR", default=None,
+                   help="write snapshots into DIR (see 'snapshots' below)")
+    r.add_argument("--checkpoint-every", metavar="SECONDS", type=float, default=60.0,
+                   help="seconds of run time between snapshots (default 60)")
+    r.add_argument("--keep", type=int, default=2, help="committed snapshots kept (default 2)")
+    r.add_argument("--restarts", type=int, default=0, metavar="K",
+                   help="when a rank dies, relaunch from the last snapshot, at most K times")
+    r.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue the job from the newest usable snapshot in DIR")
+    r.add_argument("script", nargs="?")
     r.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("simulate", help="scheduling simulator (see `canary simulate --help`)")
+    sub.add_parser("snapshots", help="list the snapshots in a checkpoint directory")
     args = ap.parse_args(argv)
+    if args.restarts < 0 or args.keep < 1 or args.checkpoint_every < 0:
+        ap.error("--restarts must be >= 0, --keep >= 1 and --checkpoint-every >= 0")
     try:
         return _run(args)
+    except SnapshotError as exc:
+        print(f"canary run: {exc}", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as exc:  # no mpiexec, or it cannot be started
         print(f"canary: {exc}", file=sys.stderr)
         return 2

@@ -143,6 +143,24 @@ class Progress:
             self._file = None
 
 
+RESUME_ENV = "CANARY_RESUME"  # the snapshot folder a job resumes from (set by canary run)
+
+
+def planned_workers(comm: Any) -> int:
+    """The number of workers to declare the program for: the job's (ranks minus the
+    controller), or, when the job resumes from a snapshot (``canary run --resume``), the number
+    the snapshot was taken on. Partition counts that default to a multiple of the workers then
+    stay those the snapshot holds, so a job resumes on any number of workers.
+
+    Raises :class:`canary.snapshot.SnapshotError` if the snapshot's manifest cannot be read."""
+    folder = os.environ.get(RESUME_ENV, "").strip()
+    if folder:
+        from canary.snapshot import read_manifest
+
+        return read_manifest(folder).workers
+    return max(int(comm.Get_size()) - 1, 1)
+
+
 def declare(app: str, build: Callable[..., T], *args: Any, is_root: bool = True) -> T | None:
     """Call ``build(*args)``; if the input cannot be read, say why once and return None.
 

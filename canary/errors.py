@@ -26,3 +26,8 @@ class JobAborted(CanaryError):
 class ProgramMismatchError(JobAborted):
     """Two ranks declared different statement lists (a nondeterministic driver): the controller
     aborts the job, naming the first statement that differs."""
+
+
+class JobStopped(CanaryError):
+    """An in-process run stopped on purpose before its end (``run_local(stop_after=...)``), as a
+    crash would stop it: the tests of resuming from snapshots use it."""

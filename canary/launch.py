@@ -288,7 +288,8 @@ class JobEnd:
 
 _STOP_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
                signal.SIGHUP: "hung up"}
-LOST = "the job's results are lost (canary keeps no snapshots: run the job again)"
+LOST = ("the job's results are lost unless it kept snapshots (with --checkpoint DIR, "
+        "`canary run --resume DIR` continues from the last one)")
 
 
 def verdict(end: JobEnd) -> tuple[int, list[str]]:
@@ -432,6 +433,18 @@ def job_environment(env: dict[str, str], folder: str, ranks: int) -> dict[str, s
                         LAUNCHER: f"{me} {process_start_time(me) or 0} {socket.gethostname()}"})
 
 
+def rank_lost(end: JobEnd, status: int) -> bool:
+    """Whether the job ended because a rank died (killed, out of memory, its host lost), not
+    because the driver or a kernel failed, the launcher stopped it or its time ran out: the
+    case a relaunch from a snapshot recovers (``canary run --restarts``)."""
+    if status == 0 or end.stopped_by is not None or end.timed_out is not None:
+        return False
+    rec = end.records
+    if not rec.starts:  # no records (ranks on other hosts): a signal is all there is to go on
+        return status >= 128
+    return any(r not in end.aborts for r in rec.gone)
+
+
 def supervise(command: list[str], env: dict[str, str], ranks: int, hydra: bool) -> int:
     """Run the mpiexec ``command`` (``ranks`` ranks, started by ``python -m canary.ranks``)
     to its end and return ``canary run``'s exit status (see :func:`verdict`).
@@ -440,6 +453,12 @@ def supervise(command: list[str], env: dict[str, str], ranks: int, hydra: bool) 
     :class:`OutputFilter`; otherwise mpiexec writes straight to this process's stdout and
     stderr. Raises OSError if mpiexec cannot be started.
     """
+    return supervise_job(command, env, ranks, hydra)[0]
+
+
+def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bool
+                  ) -> tuple[int, bool]:
+    """:func:`supervise`, also saying whether a rank died (:func:`rank_lost`)."""
     folder = tempfile.mkdtemp(prefix="canary-run-")
     stopper = _Stopper()
     stopper.install()
@@ -466,7 +485,7 @@ def supervise(command: list[str], env: dict[str, str], ranks: int, hydra: bool) 
             end.wrote_stderr = filt.wrote_stderr
         status, lines = verdict(end)
         _writer(sys.stderr)("".join(f"{line}\n" for line in lines).encode())
-        return status
+        return status, rank_lost(end, status)
     finally:
         stopper.restore()
         shutil.rmtree(folder, ignore_errors=True)

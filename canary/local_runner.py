@@ -24,25 +24,43 @@ import numpy as np
 
 from canary.controller.balance import ChaosPolicy
 from canary.controller.state import ControllerState
+from canary.errors import JobStopped
 from canary.messages import (
     CONTROLLER,
     Callback,
+    CommitSnapshot,
     Fail,
     Finish,
     MoveRequest,
     Piece,
     PieceBatch,
+    ReadSnapshot,
     ReportPart,
     Resume,
     Send,
     Shutdown,
+    SnapshotCommitted,
+    SnapshotLoaded,
+    SnapshotSaved,
     TaskDone,
     Tick,
+    WriteSnapshot,
     local_event_id,
     worker_rank,
 )
 from canary.program import Program
 from canary.result import JobResult
+from canary.snapshot import (
+    Manifest,
+    SnapshotConfig,
+    check_resumable,
+    commit,
+    load_part,
+    load_results,
+    next_id,
+    read_manifest,
+    save_part,
+)
 from canary.worker.config import WorkerConfig
 from canary.worker.execute import run_task
 from canary.worker.state import WorkerState
@@ -101,6 +119,9 @@ def run_local(
     chaos: int | None = None,
     inject: Callable[[ControllerState, list[WorkerState]], Sequence[tuple[int, int, int]]]
     | None = None,
+    checkpoint: SnapshotConfig | None = None,
+    resume: Manifest | str | None = None,
+    stop_after: int | None = None,
 ) -> JobResult:
     """Run ``program`` on ``workers`` simulated workers; return the job's result.
 
@@ -113,16 +134,31 @@ def run_local(
     controller's :class:`canary.controller.balance.ChaosPolicy`): the answer must not change.
     ``inject(controller, workers)`` (tests) is called after every event and returns moves
     ``(group, index, dest)`` to request at that moment.
+
+    ``checkpoint`` takes snapshots into its directory (``every_s`` counts virtual time, in
+    units of ``mean_task``); ``resume`` (a snapshot's folder or :class:`Manifest`) starts the
+    job from that snapshot, on any number of workers, and raises
+    :class:`canary.snapshot.SnapshotMismatchError` if it is of another program.
+    ``stop_after=N`` stops the job after its N-th event, as a crash would, by raising
+    :class:`canary.errors.JobStopped` (what has been committed stays on disk).
     """
     program.finalize()
     rng = random.Random(seed)
     if config is None:
         config = WorkerConfig(window=window, max_fused=max_fused)
+    snap = read_manifest(resume) if isinstance(resume, str) else resume
+    if snap is not None:
+        check_resumable(snap, program.digest, program.statements())
     ctrl = ControllerState(program, workers,
                            None if chaos is None else ChaosPolicy(chaos, every=0.0, moves=2),
-                           stall_s=float("inf"))  # virtual time: nothing stalls for real
+                           stall_s=float("inf"),  # virtual time: nothing stalls for real
+                           checkpoint=checkpoint,
+                           first_snapshot=next_id(checkpoint.directory) if checkpoint else 1,
+                           resumed=None if snap is None else snap.data,
+                           resumed_results=None if snap is None else load_results(snap))
     states = [WorkerState(program, w, workers, replace(
-        config, adapt_fused=False, ready_order_seed=seed * 1009 + w if shuffle_ready else None))
+        config, adapt_fused=False, ready_order_seed=seed * 1009 + w if shuffle_ready else None),
+        restore=None if snap is None else snap.position)
         for w in range(workers)]
     heap: list[tuple[float, int, int, Any]] = []
     last_arrival: dict[tuple[int, int], float] = {}
@@ -163,17 +199,32 @@ def run_local(
                     # keeps and returns to every worker must not be shared by workers here
                     ev.outputs = tuple(np.array(v, copy=True) for v in ev.outputs)
                 push(now + rng.expovariate(1.0 / mean_task), -rank, ev)
+            elif type(ins) is WriteSnapshot:
+                assert checkpoint is not None
+                entries, error = save_part(checkpoint.directory, ins.snap, w, ins.arrays)
+                push(now + rng.expovariate(1.0 / mean_task), -rank,
+                     SnapshotSaved(local_event_id(rank, counter + 1), ins.snap, entries, error))
+            elif type(ins) is ReadSnapshot:
+                assert snap is not None
+                push(now + rng.expovariate(1.0 / mean_task), -rank,
+                     SnapshotLoaded(local_event_id(rank, counter + 1), load_part(snap, ins.keys)))
             else:  # Yield: the sends above are out; go on at once
                 push(now, -rank, Resume(local_event_id(rank, counter + 1)))
 
     for w, st in enumerate(states):
         apply_worker(w, st.start())
+    if checkpoint is not None:  # the clock that makes snapshots due (virtual time)
+        push(1.0, CONTROLLER, Tick(local_event_id(CONTROLLER, 0), 1.0))
     while heap and not outcome:
         now, _, dest, item = heapq.heappop(heap)
         events += 1
         if events > max_events:
             raise RuntimeError(f"run_local: more than {max_events} events; raise max_events")
+        if stop_after is not None and events > stop_after:
+            raise JobStopped(f"run_local: stopped after event {stop_after} (stop_after)")
         if dest == CONTROLLER:
+            if isinstance(item, Tick) and checkpoint is not None and heap:
+                push(now + 1.0, CONTROLLER, Tick(local_event_id(CONTROLLER, counter + 1), now + 1.0))
             if isinstance(item, ReportPart):
                 item.seconds = time.perf_counter() - t0  # wall time, as on MPI
             for ins in ctrl.handle(item):
@@ -184,6 +235,13 @@ def run_local(
                     ins.fn(ins.event)
                 elif isinstance(ins, (Finish, Fail)):
                     outcome.append(ins)
+                elif isinstance(ins, CommitSnapshot):
+                    assert checkpoint is not None
+                    error = commit(checkpoint.directory, checkpoint.keep, ins.snap, ins.manifest,
+                                   ins.results)
+                    push(now, CONTROLLER, SnapshotCommitted(local_event_id(CONTROLLER,
+                                                                           counter + 1),
+                                                            ins.snap, error))
                 # Progress lines (a partition moved) are for a person: not printed here
             if validate:
                 ctrl.validate_state()
@@ -219,4 +277,5 @@ def run_local(
             worker_sent[k] = worker_sent.get(k, 0) + v
     return JobResult(ctrl.results, ctrl.tasks_run, workers, time.perf_counter() - t0,
                      dict(ctrl.received), dict(ctrl.sent), 0.0, worker_sent, ctrl.migrations,
-                     ctrl.bytes_migrated)
+                     ctrl.bytes_migrated, ctrl.snapshots_committed,
+                     None if snap is None else snap.id)

@@ -307,6 +307,56 @@ class Signal(Message):
     value: bool
 
 
+# ------------------------------------------------------------------ snapshots
+@dataclass(slots=True)
+class SnapshotAsk(Message):
+    """Controller to every worker: snapshot ``snap`` begins. Emit nothing more until
+    :class:`SnapshotAt` names the barrier, and say where you are (:class:`SnapshotPosition`)."""
+
+    eid: int
+    snap: int
+
+
+@dataclass(slots=True)
+class SnapshotPosition(Message):
+    """Worker to controller: the next stage instance it would emit is ``seq`` (``ended``: it
+    has reached the end of the program)."""
+
+    eid: int
+    snap: int
+    worker: int
+    seq: int
+    ended: bool
+
+
+@dataclass(slots=True)
+class SnapshotAt(Message):
+    """Controller to every worker: snapshot ``snap`` is taken at stage instance ``seq``: finish
+    every instance before it, emit none from it on, write your partitions, then go on.
+    ``seq=None``: the snapshot is abandoned; go on."""
+
+    eid: int
+    snap: int
+    seq: int | None
+
+
+@dataclass(slots=True)
+class SnapshotWritten(Message):
+    """Worker to controller: its part of snapshot ``snap`` is on disk (``entries``: one per
+    array, see :func:`canary.snapshot.write_arrays`), or failed with ``error``. ``position``
+    is where it stands in the program (the same on every worker), ``tasks_run`` and
+    ``reports_sent`` its counts so far."""
+
+    eid: int
+    snap: int
+    worker: int
+    error: str | None
+    entries: list[dict[str, Any]]
+    position: dict[str, Any]
+    tasks_run: int
+    reports_sent: int
+
+
 # ------------------------------------------------------------------ local events
 @dataclass(slots=True, eq=False)
 class TaskDone(Message):
@@ -348,6 +398,41 @@ class MoveRequest(Message):
     eid: int
     moves: tuple[tuple[int, int, int], ...]
     reason: str = "requested"
+
+
+@dataclass(slots=True, eq=False)
+class SnapshotSaved(Message):
+    """The worker's runtime carried out :class:`WriteSnapshot` ``snap``: ``entries`` describe
+    the arrays written, or ``error`` says why nothing was (a full disk)."""
+
+    eid: int
+    snap: int
+    entries: list[dict[str, Any]]
+    error: str | None = None
+
+    __eq__ = _fields_equal
+
+
+@dataclass(slots=True, eq=False)
+class SnapshotLoaded(Message):
+    """The worker's runtime carried out :class:`ReadSnapshot`: ``values`` maps each requested
+    ``(dataset name, index)`` to ``(array, last_seq)``, or to None if the snapshot holds no
+    value for it (a partition not yet written when the snapshot was taken)."""
+
+    eid: int
+    values: dict[tuple[str, int], tuple[np.ndarray, int] | None]
+
+    __eq__ = _fields_equal
+
+
+@dataclass(slots=True)
+class SnapshotCommitted(Message):
+    """The controller's runtime carried out :class:`CommitSnapshot` ``snap`` (``error``: the
+    manifest could not be written, so the snapshot does not exist)."""
+
+    eid: int
+    snap: int
+    error: str | None = None
 
 
 @dataclass(slots=True)
@@ -418,6 +503,45 @@ class Fail(Instruction):
 
     reason: str
     error: type = JobAborted
+    cause: int = 0
+
+    __eq__ = _fields_equal
+
+
+@dataclass(slots=True, eq=False)
+class WriteSnapshot(Instruction):
+    """Worker: write ``arrays`` (``(dataset name, index, array, last_seq)``) as this worker's
+    part of snapshot ``snap`` (taken at stage instance ``seq``), then feed the state a
+    :class:`SnapshotSaved`."""
+
+    snap: int
+    seq: int
+    arrays: list[tuple[str, int, np.ndarray, int]]
+    cause: int = 0
+
+    __eq__ = _fields_equal
+
+
+@dataclass(slots=True, eq=False)
+class ReadSnapshot(Instruction):
+    """Worker: read the partitions ``keys`` (``(dataset name, index)``) from the snapshot the
+    job resumes from, then feed the state a :class:`SnapshotLoaded`."""
+
+    keys: list[tuple[str, int]]
+    cause: int = 0
+
+    __eq__ = _fields_equal
+
+
+@dataclass(slots=True, eq=False)
+class CommitSnapshot(Instruction):
+    """Controller: write the reports ``results`` (``(dataset name, k, array)``) and then the
+    ``manifest`` of snapshot ``snap`` (which commits it), delete old snapshots, and feed the
+    state a :class:`SnapshotCommitted`."""
+
+    snap: int
+    manifest: dict[str, Any]
+    results: list[tuple[str, int, np.ndarray]]
     cause: int = 0
 
     __eq__ = _fields_equal

@@ -9,12 +9,14 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
+from canary.driver import RESUME_ENV
 from canary.env import env_choice, env_number
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.local_runner import run_local
 from canary.program import Program
 from canary.result import JobResult
+from canary.snapshot import Manifest, SnapshotConfig, check_resumable, read_manifest
 from canary.trace import Tracer, gather_and_write, trace_level, trace_path
 from canary.worker.config import WorkerConfig
 
@@ -41,6 +43,12 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     ``CANARY_SLOWDOWN=WORKER:FACTOR`` makes one worker that many times slower (experiments).
     A worker that shows no progress for ``CANARY_STALL_S`` seconds (default 10) is named on
     stderr.
+
+    Snapshots (``canary run --checkpoint DIR``): ``CANARY_CHECKPOINT=DIR`` takes one every
+    ``CANARY_CHECKPOINT_EVERY`` seconds (default 60) and keeps the last ``CANARY_KEEP``
+    (default 2); ``CANARY_RESUME=FOLDER`` starts the job from the snapshot in FOLDER, and
+    raises :class:`canary.snapshot.SnapshotMismatchError` on every rank if it was taken of
+    another program.
     """
     from mpi4py import MPI
 
@@ -64,10 +72,12 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if balance is None:
             balance = env_choice(BALANCE_ENV, ("on", "off"), "on") == "on"
         policy = move_policy(os.environ, size - 1, balance)
+        checkpoint = checkpoint_config(os.environ)
     except ValueError as exc:  # the same mistake on every rank: rank 0 alone says so
         if rank == 0:
             print(f"canary: error: {exc}", file=sys.stderr, flush=True)
         _abort(given, linger=1.0 if rank == 0 else 30.0)
+    resume_from = resume_snapshot(program)  # every rank alike: an error ends each the same way
     comm = given
     try:
         _join(given, startup_timeout)
@@ -80,11 +90,17 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if rank == 0:
             from canary.controller.runtime import run_controller
 
-            result = run_controller(program, comm, tracer=tracer, policy=policy, stall_s=stall_s)
+            result = run_controller(program, comm, tracer=tracer, policy=policy, stall_s=stall_s,
+                                    checkpoint=checkpoint, resume_from=resume_from)
+            if resume_from is not None:
+                print(f"canary: resumed from snapshot {resume_from.id} in {resume_from.path}",
+                      file=sys.stderr, flush=True)
         else:
             from canary.worker.runtime import run_worker
 
-            run_worker(program, comm, config, tracer=tracer)
+            run_worker(program, comm, config, tracer=tracer,
+                       checkpoint_dir=None if checkpoint is None else checkpoint.directory,
+                       resume_from=resume_from)
         if tracer is not None and path:
             gather_and_write(comm, tracer, path, {"program": program.name,
                                                   "workers": size - 1})
@@ -106,6 +122,34 @@ def run(program: Program, comm: object | None = None, window: int = 64,
 
 CHAOS_ENV = "CANARY_CHAOS_MIGRATE"
 BALANCE_ENV = "CANARY_BALANCE"
+CHECKPOINT_ENV = "CANARY_CHECKPOINT"
+CHECKPOINT_EVERY_ENV = "CANARY_CHECKPOINT_EVERY"
+KEEP_ENV = "CANARY_KEEP"
+
+
+def checkpoint_config(environ: Mapping[str, str]) -> SnapshotConfig | None:
+    """The snapshot settings ``canary run --checkpoint`` passes on (None: no snapshots). The
+    manifest records this process's script and arguments. Raises ValueError naming the
+    variable for a value that is not a number or out of range."""
+    folder = environ.get(CHECKPOINT_ENV, "").strip()
+    if not folder:
+        return None
+    return SnapshotConfig(folder, env_number(CHECKPOINT_EVERY_ENV, 60.0, environ=environ),
+                          int(env_number(KEEP_ENV, 2, integer=True, environ=environ)),
+                          os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "",
+                          tuple(sys.argv[1:]))
+
+
+def resume_snapshot(program: Program) -> Manifest | None:
+    """The snapshot ``CANARY_RESUME`` names, checked against ``program`` (None if unset).
+    Raises :class:`canary.snapshot.SnapshotError` if it cannot be read or is of another
+    program."""
+    folder = os.environ.get(RESUME_ENV, "").strip()
+    if not folder:
+        return None
+    snap = read_manifest(folder)
+    check_resumable(snap, program.digest, program.statements())
+    return snap
 
 
 def move_policy(environ: Mapping[str, str], n_workers: int, balance: bool) -> Any:

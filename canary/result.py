@@ -21,6 +21,8 @@ class JobResult:
     worker_sent: dict[str, int] = field(default_factory=dict)
     migrations: int = 0  # partitions moved between workers while the job ran
     bytes_migrated: int = 0  # bytes of partition values those moves carried
+    snapshots: int = 0  # snapshots committed while the job ran
+    resumed_from: int | None = None  # the snapshot the job resumed from, if it did
 
     def value(self, name: str) -> np.ndarray:
         """The single partition of reported one-partition dataset ``name``."""

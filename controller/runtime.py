@@ -15,24 +15,29 @@ from canary.idle import Backoff
 from canary.messages import (
     CONTROLLER,
     Callback,
+    CommitSnapshot,
     Fail,
     Finish,
     LoadReport,
     Progress,
     ReportPart,
     Send,
+    SnapshotCommitted,
     Tick,
     local_event_id,
 )
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
 from canary.result import JobResult
+from canary.snapshot import Manifest, SnapshotConfig, commit, load_results, next_id
 from canary.trace import Tracer
 
 
 def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                    tracer: Tracer | None = None, policy: Any = None,
-                   tick_s: float = 0.1, stall_s: float = 10.0) -> JobResult:
+                   tick_s: float = 0.1, stall_s: float = 10.0,
+                   checkpoint: SnapshotConfig | None = None,
+                   resume_from: Manifest | None = None) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
@@ -41,8 +46,15 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
     gets a ``Tick`` every ``tick_s`` seconds (its move ``policy``, from
     :mod:`canary.controller.balance`, acts then, and it notices a worker that makes no
     progress); each partition moved and each such worker is said on stderr.
+
+    With ``checkpoint`` it takes snapshots (committing each: see :func:`canary.snapshot.commit`);
+    with ``resume_from`` the job starts from that snapshot (its reports and task count).
     """
-    state = ControllerState(program, comm.Get_size() - 1, policy, stall_s)
+    state = ControllerState(
+        program, comm.Get_size() - 1, policy, stall_s, checkpoint=checkpoint,
+        first_snapshot=next_id(checkpoint.directory) if checkpoint is not None else 1,
+        resumed=None if resume_from is None else resume_from.data,
+        resumed_results=None if resume_from is None else load_results(resume_from))
     tx = MpiTransport(comm)
     backoff = Backoff(max_sleep=max_sleep)
     t0 = time.perf_counter()
@@ -71,7 +83,9 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
         # it near idle.
         if kind is not ReportPart and kind is not LoadReport and kind is not Tick:
             backoff.reset()
-        for ins in state.handle(msg):
+        instrs = state.handle(msg)
+        while instrs:
+            ins = instrs.pop(0)
             if isinstance(ins, Send):
                 if tracer is not None:
                     tracer.send(ins.dest, ins.message)
@@ -82,13 +96,21 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                 user_cpu += time.process_time() - u0
             elif isinstance(ins, Progress):
                 print(ins.line, file=sys.stderr, flush=True)
+            elif isinstance(ins, CommitSnapshot):
+                assert checkpoint is not None
+                error = commit(checkpoint.directory, checkpoint.keep, ins.snap,
+                               ins.manifest, ins.results)
+                instrs += state.handle(SnapshotCommitted(
+                    local_event_id(CONTROLLER, next(ticks)), ins.snap, error))
             elif isinstance(ins, Finish):
                 tx.flush()
                 return JobResult(state.results, state.tasks_run, state.n_workers,
                                  time.perf_counter() - t0, dict(state.received), dict(state.sent),
                                  time.process_time() - c0 - user_cpu,
                                  _sum_counts([d.messages_sent for d in state.done.values()]),
-                                 state.migrations, state.bytes_migrated)
+                                 state.migrations, state.bytes_migrated,
+                                 state.snapshots_committed,
+                                 None if resume_from is None else resume_from.id)
             elif isinstance(ins, Fail):
                 # Say why before anything else: the workers, told to abort, must not be able to
                 # end the job before the reason is on stderr.

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from canary.controller.snapshots import ControllerSnapshots
 from canary.errors import CanaryError, ProgramMismatchError, TaskError
 from canary.messages import (
     Abort,
@@ -30,14 +31,18 @@ from canary.messages import (
     ReportPart,
     Send,
     Shutdown,
+    SnapshotCommitted,
+    SnapshotPosition,
+    SnapshotWritten,
     Tick,
     worker_rank,
 )
 from canary.partition_map import PartitionMap
 from canary.program import Program, ReportEvent
+from canary.snapshot import SnapshotConfig
 
 
-class ControllerState:
+class ControllerState(ControllerSnapshots):
     """Controller of ``n_workers`` workers running ``program``.
 
     Contract: instructions are :class:`Send`, :class:`Callback` (a report is complete),
@@ -50,10 +55,17 @@ class ControllerState:
     move. For each, the controller bumps the entry's version, sends the map update to every
     worker and :class:`MigrateOut` to the source, and counts the partition as moving until the
     destination's :class:`MigrateDone`; a moving partition is not moved again before that.
+
+    Snapshots (``checkpoint``; see :mod:`canary.controller.snapshots`): on a :class:`Tick` when
+    one is due, and :class:`CommitSnapshot` once every worker has written its part (numbered
+    from ``first_snapshot``). A job resumed from a snapshot starts with its reports
+    (``resumed_results``) and its task count (``resumed["tasks_run"]``, the manifest's).
     """
 
     def __init__(self, program: Program, n_workers: int, policy: Any = None,
-                 stall_s: float = 10.0) -> None:
+                 stall_s: float = 10.0, checkpoint: SnapshotConfig | None = None,
+                 first_snapshot: int = 1, resumed: dict[str, Any] | None = None,
+                 resumed_results: dict[str, list[np.ndarray]] | None = None) -> None:
         if n_workers < 1:
             raise ValueError(
                 f"a job needs at least one worker (rank 0 is the controller): launch with "
@@ -66,7 +78,7 @@ class ControllerState:
         self.map: PartitionMap | None = None
         self.done: dict[int, Done] = {}
         self.reports: dict[int, dict[int, ReportPart]] = {}
-        self.results: dict[str, list[np.ndarray]] = {}
+        self.results: dict[str, list[np.ndarray]] = dict(resumed_results or {})
         self.finished = False
         self.failed: str | None = None
         self.received: dict[str, int] = {}
@@ -84,12 +96,13 @@ class ControllerState:
         self._now = 0.0
         self._progress_at = [0.0] * n_workers  # when each last showed progress
         self._warned_at = [0.0] * n_workers
+        self._init_snapshots(checkpoint, first_snapshot, resumed)
 
     def handle(self, event: Any) -> list[Any]:
         """Apply one message from a worker; return instructions, each carrying the message's
         ``eid`` as its cause."""
         name = type(event).__name__
-        if not isinstance(event, (Tick, MoveRequest)):  # those come from this rank's runtime
+        if not isinstance(event, (Tick, MoveRequest, SnapshotCommitted)):  # from this rank
             self.received[name] = self.received.get(name, 0) + 1
         if self.failed is not None or self.finished:
             return []
@@ -110,18 +123,29 @@ class ControllerState:
         if isinstance(event, Tick):
             self._now = event.now
             out = self._stalled()
-            if self.policy is None or self.map is None or len(self.done) == self.n_workers:
+            if self.map is None:
+                return out
+            out += self._maybe_snapshot()
+            if self.policy is None or len(self.done) == self.n_workers or self.snapshot:
                 return out
             return out + self._move(self.policy.decide(event.now, self))
         if isinstance(event, MoveRequest):
             if self.map is None:
                 raise ValueError("no partition can move before the job is placed")
+            if self.snapshot is not None:  # the map stays as it is until the snapshot is taken
+                return []
             return self._move([(g, i, d, event.reason) for g, i, d in event.moves])
+        if isinstance(event, SnapshotPosition):
+            return self._on_snapshot_position(event)
+        if isinstance(event, SnapshotWritten):
+            return self._on_snapshot_written(event)
+        if isinstance(event, SnapshotCommitted):
+            return self._on_snapshot_committed(event)
         raise TypeError(f"controller cannot handle {event!r}")
 
     @property
     def tasks_run(self) -> int:
-        return sum(d.tasks_run for d in self.done.values())
+        return self.tasks_base + sum(d.tasks_run for d in self.done.values())
 
     def validate_state(self) -> None:
         if self.map is not None:
@@ -132,6 +156,7 @@ class ControllerState:
         assert len({(g, i) for g, i, *_ in self.in_flight.values()}) == len(self.in_flight)
         assert len(self.done) <= self.n_workers
         assert not self.finished or not self.in_flight
+        assert self.snapshot is None or not self.in_flight, "a partition moved during a snapshot"
 
     def moving(self, group: int, index: int) -> bool:
         """Whether partition ``index`` of ``group`` is under way (it may not move again yet)."""
@@ -229,6 +254,8 @@ class ControllerState:
             return []
         del self.reports[ev.seq]
         values = [parts[i].array for i in range(ds.partitions)]
+        if self.snapshot is not None:
+            self._before_report(ds.name, ev.seq)
         self.results[ds.name] = values
         if stage.callback is None:
             return []

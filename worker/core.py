@@ -95,6 +95,12 @@ class WorkerCore:
     _hold_emission: int  # offers waiting for their cut
     _cuts: list[tuple[int, int, int, int, bool]]  # (cut, move, group, index, starts), sorted
 
+    # ---- snapshots (Snapshots)
+    _stop_at: int  # emit no stage instance numbered this or higher (a snapshot's barrier)
+    _snap: int | None  # the snapshot under way
+    _snap_seq: int | None  # its barrier, once the controller has named it
+    _restoring: bool  # a resumed job's values are not in yet
+
     # ---- load (reported on each Tick)
     busy: dict[tuple[int, int], float]  # (group, index) -> seconds of its tasks this period
     _task_group: list[tuple[int, int]]  # stage id -> group of its tasks, of its gathers

@@ -61,6 +61,7 @@ class Fusion(WorkerCore):
         cut = self._next_cut(g) if self._cuts else None
         if cut is not None:  # a move changes this group's local partitions at the cut
             limit = min(limit, cut - self.seq)
+        limit = min(limit, self._stop_at - self.seq)  # a snapshot's barrier ends the stretch
         instances, datasets, pc, counters = self._stretch(g, limit)
         if len(instances) * len(idxs) < 2:
             return False

@@ -62,7 +62,8 @@ class Interpreter(WorkerCore):
             op = ops[self.pc]
             code = op[0]
             if code == OP_STAGE:
-                if len(self.live) >= self.window or self._hold_emission:
+                if (len(self.live) >= self.window or self._hold_emission
+                        or self.seq >= self._stop_at):
                     break
                 if self._hurry:
                     self._emit_pending = True
@@ -115,7 +116,8 @@ class Interpreter(WorkerCore):
     def _await_signal(self, stage: Stage, out: list[Any]) -> bool | None:
         """Emit the signal instance on first visit; return its value once known, else None."""
         if self.await_seq is None:
-            if len(self.live) >= self.window or self._hold_emission:
+            if (len(self.live) >= self.window or self._hold_emission
+                    or self.seq >= self._stop_at):
                 return None
             if self._hurry:
                 self._emit_pending = True

@@ -21,16 +21,21 @@ from canary.messages import (
     MigrateDone,
     MigrateOffer,
     MigrateOut,
+    ReadSnapshot,
     Resume,
     Send,
     Shutdown,
+    SnapshotLoaded,
+    SnapshotSaved,
     TaskDone,
     TaskFailed,
     Tick,
+    WriteSnapshot,
     local_event_id,
 )
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
+from canary.snapshot import Manifest, load_part, save_part
 from canary.trace import Tracer
 from canary.worker.chain import CHAINS
 from canary.worker.config import WorkerConfig
@@ -41,7 +46,8 @@ from canary.worker.tasks import K_FUSED, K_SIGNAL, RunTask, Task
 
 def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = None,
                stats: dict[str, float] | None = None,
-               tracer: Tracer | None = None) -> WorkerState:
+               tracer: Tracer | None = None, checkpoint_dir: str | None = None,
+               resume_from: Manifest | None = None) -> WorkerState:
     """Run this rank as worker ``comm.rank - 1`` until the controller says Shutdown.
 
     ``config`` defaults to :meth:`WorkerConfig.from_env` (the ``CANARY_*`` variables). Raises
@@ -50,12 +56,16 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     (``time.perf_counter()`` and ``time.process_time()`` when the first task became runnable)
     and ``t_done``/``cpu_done`` (when the worker had sent Done): the busy window the scheduler
     benchmark measures. With a :class:`canary.trace.Tracer`, every task and message is recorded
-    (the only cost when it is None is one test per task).
+    (the only cost when it is None is one test per task). Snapshot parts are written under
+    ``checkpoint_dir``; with ``resume_from`` the worker starts at that snapshot's position and reads
+    the partitions it is given from it (raising :class:`canary.snapshot.SnapshotError` if they
+    cannot be read).
     """
     config = WorkerConfig.from_env() if config is None else config
     CHAINS.compile_after = config.compile_after
     rank = comm.Get_rank()
-    state = WorkerState(program, rank - 1, comm.Get_size() - 1, config)
+    state = WorkerState(program, rank - 1, comm.Get_size() - 1, config,
+                        restore=None if resume_from is None else resume_from.position)
     tx = MpiTransport(comm)
     # With a core per worker, poll hot for a while after each burst of work: the message a
     # worker waits for (a piece, a signal) usually comes within that, and is then seen at once
@@ -108,8 +118,22 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             elif type(ins) is RunTask:
                 task = ins.task
             else:
-                resume = True
+                task, resume = other(ins, task, resume)
         return task, resume
+
+    def other(ins: Any, task: Task | None, resume: bool) -> tuple[Task | None, bool]:
+        """An instruction other than Send and RunTask: a yield, or a snapshot's I/O (whose
+        event goes straight back to the state)."""
+        if type(ins) is WriteSnapshot:
+            assert checkpoint_dir is not None, "a snapshot without a checkpoint directory"
+            entries, error = save_part(checkpoint_dir, ins.snap, state.worker, ins.arrays)
+            ev: Any = SnapshotSaved(local_event_id(rank, next(ids)), ins.snap, entries, error)
+        elif type(ins) is ReadSnapshot:
+            assert resume_from is not None, "asked to read a snapshot the job does not resume"
+            ev = SnapshotLoaded(local_event_id(rank, next(ids)), load_part(resume_from, ins.keys))
+        else:  # Yield
+            return task, True
+        return carry(handle(ev), task, resume)
 
     task: Task | None = None  # handed out by the state, not yet run
     resume = False  # the state yielded: feed it Resume once the sends before it are out
@@ -148,7 +172,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                 elif type(ins) is RunTask:
                     task = ins.task
                 else:
-                    resume = True
+                    task, resume = other(ins, task, resume)
             if stats is not None and task is not None and "t_first" not in stats:
                 stats["t_first"] = time.perf_counter()
                 stats["cpu_first"] = time.process_time()
@@ -185,7 +209,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                     elif type(ins) is RunTask:
                         task = ins.task
                     else:
-                        resume = True
+                        task, resume = other(ins, task, resume)
                 if type(ev) is TaskFailed:
                     _wait_for_abort(tx, ev.message)
             now = perf_counter()

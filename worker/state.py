@@ -37,6 +37,10 @@ from canary.messages import (
     ReportPart,
     Resume,
     Signal,
+    SnapshotAsk,
+    SnapshotAt,
+    SnapshotLoaded,
+    SnapshotSaved,
     TaskDone,
     TaskFailed,
     Tick,
@@ -50,6 +54,7 @@ from canary.worker.fusion import Fusion
 from canary.worker.interpreter import Interpreter
 from canary.worker.migration import Migration, MoveIn, MoveOut
 from canary.worker.moves import GATHERS, DataMoves
+from canary.worker.snapshots import Snapshots
 from canary.worker.tasks import (
     K_COMPUTE,
     K_FUSED,
@@ -84,7 +89,7 @@ class StoryRecord(NamedTuple):
     eid: int
 
 
-class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
+class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snapshots):
     """State of worker ``worker`` (0-based) of ``n_workers`` running ``program``.
 
     Contract: ``start()`` once, then ``handle(event)`` for every message received, every task
@@ -106,7 +111,8 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
     """
 
     def __init__(self, program: Program, worker: int, n_workers: int,
-                 config: WorkerConfig | None = None, **fields: Any) -> None:
+                 config: WorkerConfig | None = None, restore: dict[str, Any] | None = None,
+                 **fields: Any) -> None:
         self.program = program.finalize()
         self.worker = worker
         self.rank = worker_rank(worker)
@@ -145,6 +151,7 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
         self._init_fusion()
         self._init_moves()
         self._init_migration()
+        self._init_snapshots(restore)
         self._handlers: dict[type, Callable[[Any, list[Any]], None]] = {
             Placement: self._on_placement,
             TaskDone: self._on_task_done,
@@ -159,6 +166,10 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
             MigrateAccept: self._on_migrate_accept,
             MigrateData: self._on_migrate_data,
             MigrateArray: self._on_migrate_array,
+            SnapshotAsk: self._on_snapshot_ask,
+            SnapshotAt: self._on_snapshot_at,
+            SnapshotSaved: self._on_snapshot_saved,
+            SnapshotLoaded: self._on_snapshot_loaded,
         }
 
     # ---------------------------------------------------------------- public API
@@ -191,6 +202,8 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
                 self._ship_when_quiet(out)
             if (self._emit_pending or len(self.live) < live) and not self.failed:
                 self._advance(out)
+            if self._snap_seq is not None:
+                self._snapshot_when_quiet(out)
         else:
             self._handlers[type(event)](event, out)
             if self._inline:
@@ -199,6 +212,8 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
                 self._ship_when_quiet(out)
             if self.map is not None and not self.failed:
                 self._advance(out)
+            if self._snap_seq is not None:
+                self._snapshot_when_quiet(out)
         self._dispatch(out)
         return out
 
@@ -288,6 +303,8 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration):
             offers, self._offers_before_placement = self._offers_before_placement, []
             for offer in offers:
                 self._on_migrate_offer(offer, out)
+            if self._restoring:
+                self._restore_request(out)
         else:
             self.merge_map(ev.map)
         held, self.held = self.held, []

@@ -1,0 +1,430 @@
+"""Snapshots on disk: one folder per snapshot, one HDF5 file per worker, a manifest written last.
+
+Layout of a checkpoint directory::
+
+    DIR/snapshot-000003/worker-0000.h5   partitions worker 0 held: /<dataset>/<index>
+    DIR/snapshot-000003/worker-0001.h5
+    DIR/snapshot-000003/controller.h5    the reports the controller had received
+    DIR/snapshot-000003/manifest.json    written last: the snapshot exists once this does
+
+Every file is written to a temporary name, flushed to the disk (``fsync``) and renamed, and
+the folder is synced after the rename, so a crash at any moment leaves either the whole file
+or none of it. Every array carries a CRC-32 of its bytes (``crc32`` attribute, also listed in
+the manifest): a file that is missing, truncated or altered is found before its values are
+used. :func:`choose` picks the newest snapshot whose files all check out.
+
+This module only reads and writes files; the decisions (when to take a snapshot, which stage
+instance is the barrier) are the controller's and the workers' state machines'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from canary.errors import CanaryError
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+CONTROLLER_FILE = "controller.h5"
+_SNAPSHOT_DIR = re.compile(r"snapshot-(\d{6,})$")
+
+
+class SnapshotError(CanaryError):
+    """A snapshot cannot be used or written: the message names the file and what is wrong."""
+
+
+class SnapshotMismatchError(SnapshotError):
+    """The job being resumed is not the one the snapshot was taken of (another program, or other
+    script arguments); the message names the first difference."""
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """Where and how often the controller takes snapshots (``canary run --checkpoint``).
+
+    ``every_s``: seconds of run time between snapshots (the first once that much has passed);
+    ``keep``: committed snapshots kept (older ones are deleted after each commit); ``script``
+    and ``args``: what the manifest records, so that a resume can check it runs the same job.
+    """
+
+    directory: str
+    every_s: float = 60.0
+    keep: int = 2
+    script: str = ""
+    args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.every_s < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0 seconds, got {self.every_s}")
+        if self.keep < 1:
+            raise ValueError(f"--keep must be at least 1, got {self.keep}")
+
+
+@dataclass
+class Manifest:
+    """A committed snapshot's manifest (see :func:`manifest_dict` for what it holds)."""
+
+    path: str  # the snapshot's folder
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> int:
+        return int(self.data["id"])
+
+    @property
+    def position(self) -> dict[str, Any]:
+        return dict(self.data["position"])
+
+    @property
+    def workers(self) -> int:
+        return int(self.data["workers"])
+
+    def arrays(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """(dataset, index) -> its entry (``file``, ``crc32``, ``nbytes``, ``last_seq``)."""
+        return {(e["dataset"], int(e["index"])): e for e in self.data["arrays"]}
+
+
+def snapshot_folder(root: str, snap: int) -> str:
+    return os.path.join(root, f"snapshot-{snap:06d}")
+
+
+def worker_file_name(worker: int) -> str:
+    return f"worker-{worker:04d}.h5"
+
+
+def checksum(array: np.ndarray) -> int:
+    """CRC-32 of the array's bytes in C order (zlib's, about 4 GB/s)."""
+    a = np.ascontiguousarray(array)
+    return zlib.crc32(a.data) if a.nbytes else 0  # C-contiguous: its buffer is its bytes
+
+
+def as_storable(dataset: str, index: int, value: Any) -> np.ndarray:
+    """``value`` as an array HDF5 can hold; raises SnapshotError naming the partition if it is
+    not one (a kernel that returned a Python object)."""
+    a = np.asarray(value)
+    if a.dtype.hasobject:
+        raise SnapshotError(f"partition {index} of '{dataset}' holds a {type(value).__name__}, "
+                            "which a snapshot cannot store: return numpy arrays from kernels")
+    return a
+
+
+def write_arrays(path: str, arrays: Sequence[tuple[str, int, np.ndarray, int]]
+                 ) -> list[dict[str, Any]]:
+    """Write ``(dataset, index, array, last_seq)`` rows to the HDF5 file ``path`` durably
+    (temporary name, fsync, rename, fsync of the folder); return one manifest entry per row.
+
+    Raises OSError if the disk refuses (full, read-only), after removing the temporary file,
+    and SnapshotError for a value that is not an array of numbers.
+    """
+    import h5py
+
+    tmp = path + ".tmp"
+    entries = []
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, index, value, last_seq in arrays:
+                a = as_storable(name, index, value)
+                crc = checksum(a)
+                ds = f.create_dataset(f"{name}/{index}", data=a)
+                ds.attrs["crc32"] = crc
+                ds.attrs["last_seq"] = last_seq
+                entries.append({"dataset": name, "index": index, "file": os.path.basename(path),
+                                "crc32": crc, "nbytes": int(a.nbytes), "last_seq": last_seq,
+                                "dtype": a.dtype.str, "shape": list(a.shape)})
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(path))
+    except BaseException:
+        _remove(tmp)
+        raise
+    return entries
+
+
+def read_arrays(folder: str, entries: Iterable[dict[str, Any]]) -> list[np.ndarray]:
+    """The arrays the manifest ``entries`` name, read from ``folder`` and checked.
+
+    Raises SnapshotError naming the file and the array if a file is missing or unreadable, an
+    array is absent, or its bytes fail their checksum.
+    """
+
+    out: list[np.ndarray] = []
+    files: dict[str, Any] = {}
+    try:
+        for e in entries:
+            fname = e["file"]
+            if fname not in files:
+                files[fname] = _open(os.path.join(folder, fname))
+            key = f"{e['dataset']}/{e['index']}"
+            try:
+                a = files[fname][key][()]
+            except (KeyError, OSError) as exc:
+                raise SnapshotError(f"{os.path.join(folder, fname)}: cannot read partition "
+                                    f"{e['index']} of '{e['dataset']}': {exc}") from None
+            a = np.asarray(a)
+            if checksum(a) != e["crc32"] or a.nbytes != e["nbytes"]:
+                raise SnapshotError(f"{os.path.join(folder, fname)}: partition {e['index']} of "
+                                    f"'{e['dataset']}' fails its checksum (the file was altered "
+                                    "or damaged)")
+            out.append(a)
+    finally:
+        for f in files.values():
+            f.close()
+    return out
+
+
+def _open(path: str) -> Any:
+    import h5py
+
+    if not os.path.exists(path):
+        raise SnapshotError(f"{path}: missing")
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise SnapshotError(f"{path}: not a readable HDF5 file (truncated?): {exc}") from None
+
+
+def write_manifest(folder: str, data: dict[str, Any]) -> str:
+    """Commit the snapshot in ``folder``: write its manifest durably (temporary name, fsync,
+    rename, fsync of the folder). Returns the manifest's path; raises OSError if the disk
+    refuses."""
+    path = os.path.join(folder, MANIFEST)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    except BaseException:
+        _remove(tmp)
+        raise
+    return path
+
+
+def read_manifest(folder: str) -> Manifest:
+    """The manifest of the snapshot in ``folder``; raises SnapshotError if there is none (an
+    uncommitted snapshot) or it cannot be read."""
+    path = os.path.join(folder, MANIFEST)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise SnapshotError(f"{folder}: no {MANIFEST}: not a committed snapshot") from None
+    except (OSError, ValueError) as exc:
+        raise SnapshotError(f"{path}: unreadable manifest: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise SnapshotError(f"{path}: not a canary snapshot manifest of format {FORMAT}")
+    return Manifest(folder, data)
+
+
+def committed(root: str) -> list[Manifest]:
+    """The committed snapshots under ``root``, oldest first (folders without a readable
+    manifest are skipped). Raises SnapshotError if ``root`` is not a folder."""
+    if not os.path.isdir(root):
+        raise SnapshotError(f"{root}: no such checkpoint directory")
+    found = []
+    for name in os.listdir(root):
+        m = _SNAPSHOT_DIR.match(name)
+        if m is None:
+            continue
+        try:
+            found.append(read_manifest(os.path.join(root, name)))
+        except SnapshotError:
+            continue
+    return sorted(found, key=lambda s: s.id)
+
+
+def next_id(root: str) -> int:
+    """The id the next snapshot under ``root`` gets: above every folder there, committed or
+    not (an abandoned attempt's folder is never reused)."""
+    if not os.path.isdir(root):
+        return 1
+    ids = [int(m.group(1)) for m in map(_SNAPSHOT_DIR.match, os.listdir(root)) if m]
+    return max(ids, default=0) + 1
+
+
+def verify(snap: Manifest) -> list[str]:
+    """What is wrong with a committed snapshot's files (empty if nothing): missing, truncated
+    or failing files are named. Reads every array once."""
+    entries = list(snap.data["arrays"]) + list(snap.data.get("results", []))
+    by_file: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_file.setdefault(e["file"], []).append(e)
+    problems = []
+    for _, rows in sorted(by_file.items()):
+        try:
+            read_arrays(snap.path, rows)
+        except SnapshotError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def choose(root: str) -> tuple[Manifest, list[str]]:
+    """The newest committed snapshot under ``root`` whose files all check out, and one line per
+    newer snapshot passed over (saying why). Raises SnapshotError if none is usable."""
+    notes: list[str] = []
+    for snap in reversed(committed(root)):
+        problems = verify(snap)
+        if not problems:
+            return snap, notes
+        notes.append(f"snapshot {snap.id} is damaged ({'; '.join(problems)}); "
+                     "falling back to the one before")
+    detail = f" ({'; '.join(notes)})" if notes else ""
+    raise SnapshotError(f"{root}: no usable snapshot{detail}")
+
+
+def prune(root: str, keep: int, newest: int) -> None:
+    """After snapshot ``newest`` is committed: delete committed snapshots but the newest
+    ``keep``, and every uncommitted folder older than ``newest`` (abandoned attempts)."""
+    kept = {s.id for s in committed(root)[-keep:]}
+    for name in os.listdir(root):
+        m = _SNAPSHOT_DIR.match(name)
+        if m is None:
+            continue
+        snap = int(m.group(1))
+        if snap < newest and snap not in kept:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def describe(snap: Manifest) -> dict[str, Any]:
+    """One line of ``canary snapshots``: id, position, time, bytes, workers, checksum status."""
+    problems = verify(snap)
+    d = snap.data
+    return {"id": snap.id, "path": snap.path, "position": d["position"]["where"],
+            "seq": d["position"]["seq"], "created": d["created"],
+            "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(d["created"])),
+            "run_seconds": d["run_seconds"], "bytes": d["bytes"], "workers": d["workers"],
+            "program": d["program"], "script": d["script"], "args": d["args"],
+            "checksums": "ok" if not problems else "damaged: " + "; ".join(problems)}
+
+
+def check_resumable(snap: Manifest, digest: str, statements: list[str]) -> None:
+    """Raise SnapshotMismatchError naming the first difference if the declared program (its
+    digest and statements) is not the one ``snap`` was taken of."""
+    if snap.data["digest"] == digest:
+        return
+    theirs = list(snap.data.get("statements", []))
+    for k, (a, b) in enumerate(zip(theirs, statements)):
+        if a != b:
+            raise SnapshotMismatchError(
+                f"snapshot {snap.id} in {snap.path} is of another program: statement {k} was "
+                f"'{a}' and is now '{b}' (resume with the script and arguments it was taken "
+                "with, or start afresh without --resume)")
+    raise SnapshotMismatchError(
+        f"snapshot {snap.id} in {snap.path} is of another program ({len(theirs)} statements, "
+        f"now {len(statements)}); resume with the script and arguments it was taken with")
+
+
+def check_same_job(snap: Manifest, script: str, args: Sequence[str]) -> None:
+    """Raise SnapshotMismatchError naming the difference if ``script`` and ``args`` are not the
+    ones the snapshot records (the script compared by its resolved path)."""
+    was_script, was_args = snap.data["script"], list(snap.data["args"])
+    if os.path.realpath(script) != os.path.realpath(was_script):
+        raise SnapshotMismatchError(
+            f"snapshot {snap.id} was taken of {was_script}, not {script} (leave SCRIPT out "
+            "to resume the job the snapshot was taken of)")
+    if list(args) != was_args:
+        k = next((k for k, (a, b) in enumerate(zip(was_args, args)) if a != b),
+                 min(len(was_args), len(args)))
+        was = was_args[k] if k < len(was_args) else "(nothing)"
+        now = args[k] if k < len(args) else "(nothing)"
+        raise SnapshotMismatchError(
+            f"snapshot {snap.id} was taken with arguments {' '.join(was_args) or '(none)'}; "
+            f"argument {k + 1} was {was!r} and is now {now!r} (leave SCRIPT and its arguments "
+            "out to resume with the recorded ones)")
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder or ".", os.O_RDONLY)
+    except OSError:  # a platform whose folders cannot be opened: the rename is all we have
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+# -- what the runtimes call (the state machines decide; these do the I/O) -------------------
+
+
+def save_part(root: str, snap: int, worker: int,
+              arrays: Sequence[tuple[str, int, np.ndarray, int]]
+              ) -> tuple[list[dict[str, Any]], str | None]:
+    """Write worker ``worker``'s part of snapshot ``snap`` under ``root``: its manifest entries,
+    or an error (the disk refused, a value HDF5 cannot hold) and no entries."""
+    folder = snapshot_folder(root, snap)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return write_arrays(os.path.join(folder, worker_file_name(worker)), arrays), None
+    except (OSError, SnapshotError) as exc:
+        return [], str(exc)
+
+
+def commit(root: str, keep: int, snap: int, manifest: dict[str, Any],
+           results: Sequence[tuple[str, int, np.ndarray]]) -> str | None:
+    """Commit snapshot ``snap``: write the controller's reports, then the manifest, then delete
+    snapshots beyond the newest ``keep``. Returns an error if the disk refused (the snapshot
+    then does not exist), else None."""
+    folder = snapshot_folder(root, snap)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        rows = [(name, k, a, -1) for name, k, a in results]
+        data = dict(manifest, created=time.time(),
+                    results=write_arrays(os.path.join(folder, CONTROLLER_FILE), rows))
+        write_manifest(folder, data)
+    except (OSError, SnapshotError) as exc:
+        return str(exc)
+    prune(root, keep, snap)
+    return None
+
+
+def load_part(snap: Manifest, keys: Sequence[tuple[str, int]]
+              ) -> dict[tuple[str, int], tuple[np.ndarray, int] | None]:
+    """The values of partitions ``keys`` (``(dataset, index)``) in ``snap`` with their
+    ``last_seq``; None for a partition the snapshot holds no value of. Raises SnapshotError
+    (see :func:`read_arrays`)."""
+    table = snap.arrays()
+    wanted = [table[k] for k in keys if k in table]
+    values = read_arrays(snap.path, wanted)
+    out: dict[tuple[str, int], tuple[np.ndarray, int] | None] = {k: None for k in keys}
+    for e, a in zip(wanted, values):
+        out[(e["dataset"], int(e["index"]))] = (a, int(e["last_seq"]))
+    return out
+
+
+def load_results(snap: Manifest) -> dict[str, list[np.ndarray]]:
+    """The reports the controller had received when ``snap`` was taken, by dataset name."""
+    entries = sorted(snap.data.get("results", []), key=lambda e: (e["dataset"], e["index"]))
+    out: dict[str, list[np.ndarray]] = {}
+    for e, a in zip(entries, read_arrays(snap.path, entries)):
+        out.setdefault(e["dataset"], []).append(a)
+    return out

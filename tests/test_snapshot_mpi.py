@@ -1,0 +1,137 @@
+"""Snapshots over MPI through ``canary run``: a rank killed with SIGKILL after the first snapshot
+is committed, the job relaunched from it (``--restarts 1``), and the answer bit for bit that of
+an uninterrupted run; a job resumed on another number of workers (``--resume``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+TIMEOUT = 240  # MPIEXEC_TIMEOUT of each launch; the subprocesses get more
+
+# Each job runs for a few seconds after its first snapshot, so the kill lands mid-run; the
+# partition counts are explicit, so that every worker count declares the same program.
+APPS = {
+    "logistic_regression": ["apps/logistic_regression.py", "--generate", "20000,10",
+                            "--max-iter", "2500", "--tol", "1e-300", "--partitions", "4"],
+    "kmeans": ["apps/kmeans.py", "--generate", "60000,4,12", "--max-iter", "300", "--tol", "0",
+               "--partitions", "6"],
+    "pagerank": ["apps/pagerank.py", "--generate", "6000,60000", "--max-iter", "1500",
+                 "--tol", "1e-300", "--partitions", "4"],
+}
+OUTPUT = {"logistic_regression": "out.npz", "kmeans": "out.npz", "pagerank": "out.txt"}
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    tmp.mkdir(exist_ok=True)  # the launcher's run folder goes here: the test reads its records
+    return dict(os.environ, TMPDIR=str(tmp), MPIEXEC_TIMEOUT=str(TIMEOUT), PYTHONUNBUFFERED="1",
+                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def _reference(app: str, tmp_path: Path) -> bytes:
+    """The output of an uninterrupted run (one rank: the in-process runner)."""
+    out = tmp_path / f"ref-{OUTPUT[app]}"
+    r = subprocess.run([sys.executable, *APPS[app], "--output", str(out)], cwd=ROOT,
+                       env=_env(tmp_path / "reftmp"), capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return _read(out)
+
+
+def _read(path: Path) -> bytes:
+    """An output's contents, comparable bit for bit (an .npz's arrays, not its zip headers)."""
+    if path.suffix == ".npz":
+        import numpy as np
+
+        with np.load(path) as z:
+            return b"".join(k.encode() + z[k].tobytes() for k in sorted(z.files))
+    return path.read_bytes()
+
+
+def _canary_run(args: list[str], tmp: Path, log: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "canary.cli", "run", "--timeout", str(TIMEOUT), *args]
+    with open(tmp / f"{log}.out", "wb") as out, open(tmp / f"{log}.err", "wb") as err:
+        return subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp / "tmp"), stdout=out, stderr=err)
+
+
+def _wait_for_snapshot(proc: subprocess.Popen[bytes], ck: Path) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not list(ck.glob("snapshot-*/manifest.json")):
+        assert proc.poll() is None, "the job ended before its first snapshot was committed"
+        assert time.monotonic() < deadline, "no snapshot was committed"
+        time.sleep(0.01)
+
+
+def _pid_of(tmp: Path, rank: int) -> int:
+    starts = list((tmp / "tmp").glob(f"canary-run-*/start-{rank}.json"))
+    assert len(starts) == 1, starts
+    return int(json.loads(starts[0].read_text())["pid"])
+
+
+@pytest.mark.parametrize("app,workers,victim", [
+    ("logistic_regression", 2, 2), ("logistic_regression", 3, 0),
+    ("kmeans", 2, 0), ("kmeans", 3, 3),
+    ("pagerank", 2, 1), ("pagerank", 3, 0),
+])
+def test_a_killed_rank_is_restarted_from_the_last_snapshot_with_the_same_answer(
+        app: str, workers: int, victim: int, tmp_path: Path) -> None:
+    ref = _reference(app, tmp_path)
+    ck = tmp_path / "ck"
+    out = tmp_path / OUTPUT[app]
+    proc = _canary_run(["-n", str(workers), "--checkpoint", str(ck), "--checkpoint-every", "0.3",
+                        "--restarts", "1", *APPS[app], "--output", str(out)], tmp_path, "job")
+    _wait_for_snapshot(proc, ck)
+    os.kill(_pid_of(tmp_path, victim), signal.SIGKILL)
+    assert proc.wait(timeout=TIMEOUT + 60) == 0, (tmp_path / "job.err").read_text()
+    err = (tmp_path / "job.err").read_text()
+    who = "controller" if victim == 0 else f"worker {victim - 1}"
+    assert f"rank {victim} ({who}" in err and "killed by SIGKILL" in err, err
+    assert "canary: restarting the job (1 of 1) from snapshot " in err, err
+    assert "canary: resumed from snapshot " in err, err
+    assert _read(out) == ref
+
+
+def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(tmp_path: Path) -> None:
+    app = "logistic_regression"
+    ref = _reference(app, tmp_path)
+    ck = tmp_path / "ck"
+    out = tmp_path / "out.npz"
+    proc = _canary_run(["-n", "2", "--checkpoint", str(ck), "--checkpoint-every", "0.3",
+                        *APPS[app], "--output", str(out)], tmp_path, "first")
+    _wait_for_snapshot(proc, ck)
+    os.kill(_pid_of(tmp_path, 1), signal.SIGKILL)  # no --restarts: the job stops
+    assert proc.wait(timeout=TIMEOUT + 60) == 128 + signal.SIGKILL
+    assert not out.exists()
+    listing = subprocess.run([sys.executable, "-m", "canary.cli", "snapshots", str(ck)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    rows = [json.loads(line) for line in listing.stdout.splitlines()]
+    assert rows and all(r["checksums"] == "ok" and r["workers"] == 2 for r in rows), listing
+    assert [r["id"] for r in rows] == sorted(r["id"] for r in rows) and len(rows) <= 2
+
+    def resume(m: int, *script: str) -> subprocess.CompletedProcess[str]:
+        copy = tmp_path / f"ck-{m}-{len(script)}"  # each start from the same snapshot
+        subprocess.run(["cp", "-r", str(ck), str(copy)], check=True)
+        return subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", str(m),
+                               "--timeout", str(TIMEOUT), "--resume", str(copy), *script],
+                              cwd=ROOT, env=_env(tmp_path / "tmp"), capture_output=True,
+                              text=True, timeout=TIMEOUT + 60)
+
+    other = [a if a != "2500" else "2501" for a in APPS[app]]
+    r = resume(1, *other, "--output", str(out))
+    assert r.returncode == 2 and "argument 4 was '2500' and is now '2501'" in r.stderr, r.stderr
+    for m in (1, 2, 3):
+        r = resume(m)  # SCRIPT and ARGS left out: the recorded ones, --output included
+        assert r.returncode == 0, r.stderr
+        assert f"resuming from snapshot {rows[-1]['id']}" in r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1])["workers"] == m
+        assert _read(out) == ref, f"resumed on {m} worker(s)"
+        out.unlink()
