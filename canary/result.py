@@ -23,6 +23,7 @@ class JobResult:
     bytes_migrated: int = 0  # bytes of partition values those moves carried
     snapshots: int = 0  # snapshots committed while the job ran
     resumed_from: int | None = None  # the snapshot the job resumed from, if it did
+    events: int = 0  # events the in-process runner handled (0 over MPI)
 
     def value(self, name: str) -> np.ndarray:
         """The single partition of reported one-partition dataset ``name``."""

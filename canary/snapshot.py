@@ -337,11 +337,11 @@ def check_same_job(snap: Manifest, script: str, args: Sequence[str]) -> None:
     if list(args) != was_args:
         k = next((k for k, (a, b) in enumerate(zip(was_args, args)) if a != b),
                  min(len(was_args), len(args)))
-        was = was_args[k] if k < len(was_args) else "(nothing)"
-        now = args[k] if k < len(args) else "(nothing)"
+        was = repr(was_args[k]) if k < len(was_args) else "absent"
+        now = repr(args[k]) if k < len(args) else "absent"
         raise SnapshotMismatchError(
             f"snapshot {snap.id} was taken with arguments {' '.join(was_args) or '(none)'}; "
-            f"argument {k + 1} was {was!r} and is now {now!r} (leave SCRIPT and its arguments "
+            f"argument {k + 1} was {was} and is now {now} (leave SCRIPT and its arguments "
             "out to resume with the recorded ones)")
 
 

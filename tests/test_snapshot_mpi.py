@@ -135,3 +135,28 @@ def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(tmp_path: Pat
         assert json.loads(r.stdout.strip().splitlines()[-1])["workers"] == m
         assert _read(out) == ref, f"resumed on {m} worker(s)"
         out.unlink()
+
+
+def test_a_disk_that_refuses_the_snapshot_fails_the_snapshot_not_the_job(tmp_path: Path) -> None:
+    app = "logistic_regression"
+    ref = _reference(app, tmp_path)
+    ck = tmp_path / "ck"
+    out = tmp_path / OUTPUT[app]
+    proc = _canary_run(["-n", "2", "--checkpoint", str(ck), "--checkpoint-every", "1.5",
+                        *APPS[app], "--output", str(out)], tmp_path, "job")
+    # Worker 1's part of the first snapshot goes to a device that is always full (ENOSPC),
+    # laid out once the job runs (its first iteration is out: the controller has numbered its
+    # snapshots from 1) and long before the first snapshot is due, 1.5 s into the run.
+    deadline = time.monotonic() + TIMEOUT
+    while "iter " not in (tmp_path / "job.out").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    (ck / "snapshot-000001").mkdir(parents=True)
+    (ck / "snapshot-000001" / "worker-0001.h5.tmp").symlink_to("/dev/full")
+    assert proc.wait(timeout=TIMEOUT + 60) == 0, (tmp_path / "job.err").read_text()
+    err = (tmp_path / "job.err").read_text()
+    assert "canary: warning: snapshot 1 failed (worker 1 (rank 2) could not write its part: " \
+           "[Errno 28]" in err, err
+    assert "No space left on device" in err and "the job goes on" in err
+    assert not (ck / "snapshot-000001" / "manifest.json").exists()
+    assert _read(out) == ref

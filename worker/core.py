@@ -97,6 +97,7 @@ class WorkerCore:
 
     # ---- snapshots (Snapshots)
     _stop_at: int  # emit no stage instance numbered this or higher (a snapshot's barrier)
+    _snap_stop: int  # the snapshot's part of _stop_at
     _snap: int | None  # the snapshot under way
     _snap_seq: int | None  # its barrier, once the controller has named it
     _restoring: bool  # a resumed job's values are not in yet

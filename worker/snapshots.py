@@ -50,6 +50,7 @@ class Snapshots(WorkerCore):
 
     def _init_snapshots(self, restore: dict[str, Any] | None) -> None:
         self._stop_at = NO_STOP  # emit no stage instance numbered this or higher
+        self._snap_stop = NO_STOP  # the snapshot's part of that
         self._snap: int | None = None  # the snapshot under way
         self._snap_seq: int | None = None  # its barrier, once named
         self._snap_writing = False
@@ -59,8 +60,13 @@ class Snapshots(WorkerCore):
             self.counters = [int(c) for c in restore["counters"]]
             self.seq = int(restore["seq"])
             self.program_tasks = int(restore["program_tasks"])
-            self._stop_at = self.seq  # until the values are in
             self._restoring = True
+            self._hold()
+
+    def _hold(self) -> None:
+        """Emission stops at the snapshot's barrier, and where it is until a resumed job's
+        values are in."""
+        self._stop_at = self.seq if self._restoring else self._snap_stop
 
     def position(self) -> dict[str, Any]:
         """Where the interpreter stands: enough to continue exactly here (see module doc)."""
@@ -76,7 +82,8 @@ class Snapshots(WorkerCore):
     # ---------------------------------------------------------------- taking one
     def _on_snapshot_ask(self, ev: SnapshotAsk, out: list[Any]) -> None:
         self._snap, self._snap_seq, self._snap_writing = ev.snap, None, False
-        self._stop_at = self.seq
+        self._snap_stop = self.seq
+        self._hold()
         self._send_out(CONTROLLER, SnapshotPosition(self._next_eid(), ev.snap, self.worker,
                                                     self.seq, self.ended), out)
 
@@ -87,12 +94,14 @@ class Snapshots(WorkerCore):
             self._end_snapshot()
             return
         assert ev.seq >= self.seq, f"snapshot barrier {ev.seq} behind worker at {self.seq}"
-        self._snap_seq = self._stop_at = ev.seq
+        self._snap_seq = self._snap_stop = ev.seq
+        self._hold()
 
     def _snapshot_when_quiet(self, out: list[Any]) -> None:
         """Write once everything before the barrier is finished here (see module doc)."""
         if (self._snap_writing or self.seq != self._snap_seq or self.live or self.await_seq
-                is not None or self.running is not None or self._inline or self.failed):
+                is not None or self.running is not None or self._inline or self.failed
+                or self._restoring):
             return
         assert self._snap is not None and self._snap_seq is not None
         self._snap_writing = True
@@ -113,8 +122,8 @@ class Snapshots(WorkerCore):
     def _end_snapshot(self) -> None:
         self._snap = self._snap_seq = None
         self._snap_writing = False
-        if not self._restoring:
-            self._stop_at = NO_STOP
+        self._snap_stop = NO_STOP
+        self._hold()
 
     # ---------------------------------------------------------------- resuming from one
     def _restore_request(self, out: list[Any]) -> None:
@@ -129,6 +138,5 @@ class Snapshots(WorkerCore):
                 p = self.parts[(names[name], i)]
                 p.value, p.last_seq = got
         self._restoring = False
-        if self._snap is None:
-            self._stop_at = NO_STOP
+        self._hold()
 

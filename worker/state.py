@@ -287,6 +287,10 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         assert self.running not in queued, "the running task is also queued"
         assert self._hold_emission == sum(mv.cut is None for mv in self.moves_out.values())
         assert all(isinstance(mv, (MoveIn, MoveOut)) for mv in self._moving.values())
+        # snapshots: nothing is emitted at or past a barrier or before a resumed job's values
+        assert self.seq <= self._stop_at, "emitted past a snapshot's barrier"
+        assert not (self._restoring and self.tasks), "ran a task before the snapshot was read"
+        assert self._snap_seq is None or self._snap is not None
 
     # ---------------------------------------------------------------- events
     def _on_placement(self, ev: Placement, out: list[Any]) -> None:

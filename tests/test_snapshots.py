@@ -1,0 +1,245 @@
+"""Snapshots in the in-process runner and on disk: a job stopped at any event resumes from its
+latest snapshot, on any number of workers, with the uninterrupted answer; damaged snapshots are
+found and passed over; a snapshot that cannot be written fails alone."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import canary
+from apps import kmeans as km
+from apps import logistic_regression as lr
+from apps import pagerank as pr
+from canary import Program
+from canary.errors import JobStopped
+from canary.snapshot import (
+    SnapshotConfig,
+    SnapshotError,
+    SnapshotMismatchError,
+    choose,
+    committed,
+    describe,
+)
+from tests.sequential import run_sequential
+from tests.test_random_programs import outcome, random_program
+
+
+def lr_program(workers: int = 2) -> Program:
+    args = lr.parse_args(["--generate", "300,4", "--max-iter", "12", "--tol", "1e-300",
+                          "--partitions", "5", "--print-every", "0"])
+    return lr.build(args, workers)[0]
+
+
+def km_program(workers: int = 2) -> Program:
+    args = km.parse_args(["--generate", "400,3,4", "--k", "4", "--max-iter", "8", "--tol", "0",
+                          "--partitions", "5", "--print-every", "0"])
+    args.want_labels = True
+    return km.build(args, workers)[0]
+
+
+def pr_program(workers: int = 2) -> Program:
+    args = pr.parse_args(["--generate", "128,1024", "--max-iter", "6", "--print-every", "0",
+                          "--partitions", "4"])
+    args.want_ranks = True
+    return pr.build(args, workers)[0]
+
+
+APPS: dict[str, Callable[[], Program]] = {"logistic_regression": lr_program, "kmeans": km_program,
+                                          "pagerank": pr_program}
+
+
+def same(a: dict[str, list[np.ndarray]], b: dict[str, list[np.ndarray]]) -> bool:
+    return a.keys() == b.keys() and all(
+        len(a[k]) == len(b[k]) and all(x.dtype == y.dtype and np.array_equal(x, y)
+                                       for x, y in zip(a[k], b[k])) for k in a)
+
+
+def crash_and_resume(make: Callable[[], Program], folder: Path, rng: random.Random,
+                     every: float, crashes: int) -> tuple[canary.JobResult, int]:
+    """Run with snapshots, stop at a random event, resume from the latest snapshot on a random
+    number of workers (from the start if none was committed), ``crashes`` times; then finish.
+    Returns the final result and how many resumes started from a snapshot."""
+    cfg = SnapshotConfig(str(folder), every_s=every, keep=2)
+    full = canary.run_local(make(), workers=rng.randint(1, 3), seed=rng.randrange(1000),
+                            checkpoint=cfg)
+    resume = None
+    from_snapshot = 0
+    for _ in range(crashes):
+        try:
+            canary.run_local(make(), workers=rng.randint(1, 3), seed=rng.randrange(1000),
+                             checkpoint=cfg, resume=resume, validate=True,
+                             shuffle_ready=rng.random() < 0.5,
+                             stop_after=rng.randint(1, full.events))
+        except JobStopped:
+            pass
+        try:
+            resume = choose(str(folder))[0]
+            from_snapshot += 1
+        except SnapshotError:
+            resume = None
+    last = canary.run_local(make(), workers=rng.randint(1, 3), seed=rng.randrange(1000),
+                            checkpoint=cfg, resume=resume, validate=True)
+    return last, from_snapshot
+
+
+@pytest.mark.parametrize("app", sorted(APPS))
+def test_apps_stopped_at_random_events_resume_with_the_same_answer(app: str,
+                                                                   tmp_path: Path) -> None:
+    reference = canary.run_local(APPS[app](), workers=2).results
+    resumed = 0
+    for seed in range(45):
+        rng = random.Random(seed)
+        got, n = crash_and_resume(APPS[app], tmp_path / str(seed), rng, every=rng.choice([2, 8]),
+                                  crashes=rng.randint(1, 2))
+        assert same(got.results, reference), (app, seed)
+        resumed += n
+    assert resumed >= 40  # most stops came after a snapshot: the resumes were real
+
+
+@pytest.mark.parametrize("prog_seed", range(20))
+def test_random_programs_stopped_at_random_events_resume_with_the_sequential_answer(
+        prog_seed: int, tmp_path: Path) -> None:
+    reference = outcome(run_sequential(random_program(prog_seed)))
+    resumed = 0
+    for run in range(4):
+        rng = random.Random(1000 * prog_seed + run)
+        got, n = crash_and_resume(lambda: random_program(prog_seed), tmp_path / str(run), rng,
+                                  every=rng.choice([1, 3]), crashes=rng.randint(1, 2))
+        assert outcome(got.results) == reference, (prog_seed, run)
+        resumed += n
+    assert resumed >= 1
+
+
+# ------------------------------------------------------------------ on disk
+@pytest.fixture
+def three_snapshots(tmp_path: Path) -> tuple[Path, dict[str, list[np.ndarray]]]:
+    """A finished job's checkpoint directory holding its last three snapshots, and its answer."""
+    folder = tmp_path / "ck"
+    r = canary.run_local(lr_program(), workers=2, checkpoint=SnapshotConfig(str(folder), 6, 3))
+    assert r.snapshots >= 3 and len(committed(str(folder))) == 3  # older ones were deleted
+    return folder, r.results
+
+
+def _flip_a_data_byte(path: Path) -> None:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        name = next(k for k in f)
+        ds = f[name][next(k for k in f[name])]
+        offset = ds.id.get_offset()
+    with open(path, "r+b") as fh:
+        fh.seek(offset + 3)
+        b = fh.read(1)
+        fh.seek(offset + 3)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "remove"])
+def test_a_damaged_snapshot_is_found_and_the_one_before_it_is_used(
+        damage: str, three_snapshots: tuple[Path, dict[str, list[np.ndarray]]]) -> None:
+    folder, answer = three_snapshots
+    snaps = committed(str(folder))
+    victim = Path(snaps[-1].path) / "worker-0001.h5"
+    if damage == "flip":
+        _flip_a_data_byte(victim)
+    elif damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[:100])
+    else:
+        victim.unlink()
+    assert describe(snaps[-1])["checksums"].startswith("damaged: ")
+    assert describe(snaps[-2])["checksums"] == "ok"
+    snap, notes = choose(str(folder))
+    assert snap.id == snaps[-2].id
+    why = {"flip": "fails its checksum", "truncate": "truncated", "remove": "missing"}[damage]
+    assert len(notes) == 1 and f"snapshot {snaps[-1].id} is damaged" in notes[0]
+    assert why in notes[0] and "worker-0001.h5" in notes[0]
+    r = canary.run_local(lr_program(), workers=3, resume=snap)
+    assert same(r.results, answer)
+
+
+def test_with_no_usable_snapshot_the_error_says_so(
+        three_snapshots: tuple[Path, dict[str, list[np.ndarray]]]) -> None:
+    folder, _ = three_snapshots
+    for snap in committed(str(folder)):
+        (Path(snap.path) / "worker-0000.h5").unlink()
+    with pytest.raises(SnapshotError, match=r"no usable snapshot \(snapshot \d+ is damaged"):
+        choose(str(folder))
+    with pytest.raises(SnapshotError, match="no such checkpoint directory"):
+        choose(str(folder / "nope"))
+
+
+def test_a_folder_without_its_manifest_is_not_a_snapshot(
+        three_snapshots: tuple[Path, dict[str, list[np.ndarray]]]) -> None:
+    folder, _ = three_snapshots
+    newest = committed(str(folder))[-1]
+    os.remove(os.path.join(newest.path, "manifest.json"))  # as if the job died before the commit
+    assert newest.id not in [s.id for s in committed(str(folder))]
+
+
+def test_resuming_another_program_or_other_arguments_is_a_clear_error(
+        three_snapshots: tuple[Path, dict[str, list[np.ndarray]]]) -> None:
+    from canary.snapshot import check_same_job
+
+    folder, _ = three_snapshots
+    snap = choose(str(folder))[0]
+    args = lr.parse_args(["--generate", "300,4", "--max-iter", "13", "--tol", "1e-300",
+                          "--partitions", "5", "--print-every", "0"])
+    with pytest.raises(SnapshotMismatchError,
+                       match=r"statement \d+ was '\('while', 5, 12, 14\)' and is now '\('while', 5, 13"):
+        canary.run_local(lr.build(args, 2)[0], workers=2, resume=snap)
+    snap.data["script"], snap.data["args"] = "apps/logistic_regression.py", ["--reg", "1"]
+    check_same_job(snap, "apps/logistic_regression.py", ["--reg", "1"])
+    with pytest.raises(SnapshotMismatchError, match="argument 2 was '1' and is now '2'"):
+        check_same_job(snap, "apps/logistic_regression.py", ["--reg", "2"])
+    with pytest.raises(SnapshotMismatchError, match="argument 3 was absent and is now '--tol'"):
+        check_same_job(snap, "apps/logistic_regression.py", ["--reg", "1", "--tol"])
+    with pytest.raises(SnapshotMismatchError, match="was taken of apps/logistic_regression.py"):
+        check_same_job(snap, "apps/kmeans.py", ["--reg", "1"])
+
+
+def test_a_snapshot_the_disk_refuses_fails_alone_and_the_job_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import canary.snapshot as snapshot_files
+
+    write = snapshot_files.write_arrays
+    calls = []
+
+    def full_disk_once(path: str, arrays: Any) -> Any:
+        calls.append(path)
+        if len(calls) == 2:  # a worker's part of the first snapshot
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return write(path, arrays)
+
+    monkeypatch.setattr(snapshot_files, "write_arrays", full_disk_once)
+    folder = tmp_path / "ck"
+    answer = canary.run_local(lr_program(), workers=2).results
+    r = canary.run_local(lr_program(), workers=2, checkpoint=SnapshotConfig(str(folder), 6, 100))
+    assert same(r.results, answer)
+    ids = [s.id for s in committed(str(folder))]
+    assert ids == list(range(2, 2 + r.snapshots)) and r.snapshots >= 3
+    assert not list(folder.glob("snapshot-000001/*.tmp"))  # the half-written file is gone
+
+
+def test_canary_snapshots_lists_one_json_line_per_snapshot(
+        three_snapshots: tuple[Path, dict[str, list[np.ndarray]]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from canary.cli import main
+
+    folder, _ = three_snapshots
+    assert main(["snapshots", str(folder)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in rows] == [s.id for s in committed(str(folder))]
+    for r in rows:
+        assert r["checksums"] == "ok" and r["workers"] == 2 and r["bytes"] > 0
+        assert r["program"] == "logistic_regression" and r["position"].startswith("before ")
+    assert main(["snapshots", str(folder / "nope")]) == 2
+    assert "no such checkpoint directory" in capsys.readouterr().err
