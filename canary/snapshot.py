@@ -9,9 +9,9 @@ Layout of a checkpoint directory::
 
 Every file is written to a temporary name, flushed to the disk (``fsync``) and renamed, and
 the folder is synced after the rename, so a crash at any moment leaves either the whole file
-or none of it. Every array carries a CRC-32 of its bytes (``crc32`` attribute, also listed in
-the manifest): a file that is missing, truncated or altered is found before its values are
-used. :func:`choose` picks the newest snapshot whose files all check out.
+or none of it. Every array carries a checksum of its bytes (XXH3-64, ``checksum`` attribute,
+also listed in the manifest): a file that is missing, truncated or altered is found before its
+values are used. :func:`choose` picks the newest snapshot whose files all check out.
 
 This module only reads and writes files; the decisions (when to take a snapshot, which stage
 instance is the barrier) are the controller's and the workers' state machines'.
@@ -24,16 +24,17 @@ import os
 import re
 import shutil
 import time
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from canary.errors import CanaryError
 
 FORMAT = 1
+CHECKSUM = "xxh3_64"  # how the manifest's and the files' checksums are computed
 MANIFEST = "manifest.json"
 CONTROLLER_FILE = "controller.h5"
 _SNAPSHOT_DIR = re.compile(r"snapshot-(\d{6,})$")
@@ -90,7 +91,7 @@ class Manifest:
         return int(self.data["workers"])
 
     def arrays(self) -> dict[tuple[str, int], dict[str, Any]]:
-        """(dataset, index) -> its entry (``file``, ``crc32``, ``nbytes``, ``last_seq``)."""
+        """(dataset, index) -> its entry (``file``, ``checksum``, ``nbytes``, ``last_seq``)."""
         return {(e["dataset"], int(e["index"])): e for e in self.data["arrays"]}
 
 
@@ -102,10 +103,11 @@ def worker_file_name(worker: int) -> str:
     return f"worker-{worker:04d}.h5"
 
 
-def checksum(array: np.ndarray) -> int:
-    """CRC-32 of the array's bytes in C order (zlib's, about 4 GB/s)."""
+def checksum(array: np.ndarray) -> str:
+    """XXH3-64 of the array's bytes in C order, as 16 hex digits. It runs at memory speed (a
+    CRC-32 of zlib's, about 4 GB/s, took a third of the time of writing a snapshot)."""
     a = np.ascontiguousarray(array)
-    return zlib.crc32(a.data) if a.nbytes else 0  # C-contiguous: its buffer is its bytes
+    return xxhash.xxh3_64_hexdigest(a.data if a.nbytes else b"")
 
 
 def as_storable(dataset: str, index: int, value: Any) -> np.ndarray:
@@ -134,12 +136,12 @@ def write_arrays(path: str, arrays: Sequence[tuple[str, int, np.ndarray, int]]
         with h5py.File(tmp, "w") as f:
             for name, index, value, last_seq in arrays:
                 a = as_storable(name, index, value)
-                crc = checksum(a)
+                digest = checksum(a)
                 ds = f.create_dataset(f"{name}/{index}", data=a)
-                ds.attrs["crc32"] = crc
+                ds.attrs["checksum"] = digest
                 ds.attrs["last_seq"] = last_seq
                 entries.append({"dataset": name, "index": index, "file": os.path.basename(path),
-                                "crc32": crc, "nbytes": int(a.nbytes), "last_seq": last_seq,
+                                "checksum": digest, "nbytes": int(a.nbytes), "last_seq": last_seq,
                                 "dtype": a.dtype.str, "shape": list(a.shape)})
         _fsync_file(tmp)
         os.replace(tmp, path)
@@ -171,7 +173,7 @@ def read_arrays(folder: str, entries: Iterable[dict[str, Any]]) -> list[np.ndarr
                 raise SnapshotError(f"{os.path.join(folder, fname)}: cannot read partition "
                                     f"{e['index']} of '{e['dataset']}': {exc}") from None
             a = np.asarray(a)
-            if checksum(a) != e["crc32"] or a.nbytes != e["nbytes"]:
+            if checksum(a) != e["checksum"] or a.nbytes != e["nbytes"]:
                 raise SnapshotError(f"{os.path.join(folder, fname)}: partition {e['index']} of "
                                     f"'{e['dataset']}' fails its checksum (the file was altered "
                                     "or damaged)")

@@ -29,7 +29,7 @@ from canary.messages import (
     worker_rank,
 )
 from canary.program import Program
-from canary.snapshot import FORMAT, SnapshotConfig
+from canary.snapshot import CHECKSUM, FORMAT, SnapshotConfig
 
 _POSITION_KEYS = ("seq", "pc", "counters", "program_tasks")
 
@@ -151,7 +151,7 @@ class ControllerSnapshots:
         assert cfg is not None
         entries = [e for w in sorted(pending.written) for e in pending.written[w].entries]
         manifest: dict[str, Any] = {
-            "format": FORMAT, "id": pending.snap, "program": self.program.name,
+            "format": FORMAT, "checksum": CHECKSUM, "id": pending.snap, "program": self.program.name,
             "digest": self.program.digest, "statements": self.program.statements(),
             "script": cfg.script, "args": list(cfg.args), "workers": self.n_workers,
             "position": first, "run_seconds": round(self._now, 3),

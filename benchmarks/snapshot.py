@@ -1,0 +1,223 @@
+"""What snapshots cost: write throughput, iteration-time overhead, and recovery time.
+
+1. **Throughput** (``kind: write``): a worker's part of a snapshot (``--mb`` MB in 8 arrays,
+   written as :func:`canary.snapshot.save_part` does: HDF5, a checksum per array, fsync,
+   rename)
+   against a plain sequential write of the same bytes to the same folder with the same fsync
+   and rename, alternating, ``--reps`` times each; the ratio of the medians.
+2. **Overhead** (``kind: overhead``): logistic regression on ``--lr`` rows under
+   ``canary run -n 2``, without snapshots and with one every ``--every`` seconds, alternating;
+   the time one snapshot costs the job (the difference over the snapshots taken) and what that
+   is at the default interval of 60 s.
+3. **Recovery** (``kind: recovery``): the same job with ``--restarts 1``; worker rank 2 is
+   killed with SIGKILL once the first snapshot is committed. From the kill to the launcher
+   saying it restarts (the death noticed and the job torn down), and from then to the first
+   iteration of the resumed job (relaunch, start-up, reading the snapshot), of which reading
+   the snapshot's files (measured apart, in this process) is shown on its own.
+
+Prints JSON lines, the last a summary; writes them to ``--out`` as well.
+
+    python benchmarks/snapshot.py                 # about 2 minutes
+    python benchmarks/snapshot.py --quick         # seconds (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from canary.snapshot import choose, committed, load_part, save_part  # noqa: E402
+
+
+def emit(row: dict[str, Any], sink: list[dict[str, Any]]) -> None:
+    sink.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def plain_write(path: str, arrays: list[np.ndarray]) -> None:
+    """The same bytes, written as plainly as durability allows: one file, fsync, rename."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        for a in arrays:
+            f.write(memoryview(a).cast("B"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def write_throughput(folder: str, mb: float, reps: int, sink: list[dict[str, Any]]) -> float:
+    rng = np.random.default_rng(0)
+    n = int(mb * 2**20 / 8 / 8)
+    arrays = [rng.random(n) for _ in range(8)]
+    rows = [("x", i, a, 0) for i, a in enumerate(arrays)]
+    nbytes = sum(a.nbytes for a in arrays)
+    times: dict[str, list[float]] = {"snapshot": [], "plain": []}
+    for rep in range(reps):
+        order = ["snapshot", "plain"] if rep % 2 == 0 else ["plain", "snapshot"]
+        for kind in order:
+            t = time.perf_counter()
+            if kind == "snapshot":
+                _, error = save_part(folder, 1000 + rep, 0, rows)
+                assert error is None, error
+            else:
+                plain_write(os.path.join(folder, f"plain-{rep}.bin"), arrays)
+            times[kind].append(time.perf_counter() - t)
+        shutil.rmtree(os.path.join(folder, f"snapshot-{1000 + rep:06d}"), ignore_errors=True)
+        os.remove(os.path.join(folder, f"plain-{rep}.bin"))
+    snap, plain = statistics.median(times["snapshot"]), statistics.median(times["plain"])
+    ratio = plain / snap
+    emit({"kind": "write", "mb": round(nbytes / 2**20, 1), "reps": reps,
+          "snapshot_gbps": round(nbytes / snap / 1e9, 3),
+          "plain_gbps": round(nbytes / plain / 1e9, 3),
+          "snapshot_over_plain_throughput": round(ratio, 3),
+          "snapshot_s": [round(t, 4) for t in times["snapshot"]],
+          "plain_s": [round(t, 4) for t in times["plain"]]}, sink)
+    return ratio
+
+
+def lr_args(rows: int, iters: int) -> list[str]:
+    return ["apps/logistic_regression.py", "--generate", f"{rows},20", "--max-iter", str(iters),
+            "--tol", "1e-300", "--partitions", "2", "--print-every", "1"]
+
+
+class Run:
+    """``canary run`` in the background, its lines stamped with when they arrived."""
+
+    def __init__(self, args: list[str], tmp: str) -> None:
+        env = dict(os.environ, TMPDIR=tmp, PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen([sys.executable, "-m", "canary.cli", "run", "--timeout",
+                                      "900", *args], cwd=ROOT, env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.out: list[tuple[float, str]] = []
+        self.err: list[tuple[float, str]] = []
+        self._threads = [threading.Thread(target=self._read, args=(s, sink), daemon=True)
+                         for s, sink in ((self.proc.stdout, self.out),
+                                         (self.proc.stderr, self.err))]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _read(stream: Any, sink: list[tuple[float, str]]) -> None:
+        for line in stream:
+            sink.append((time.monotonic(), line))
+
+    def wait(self) -> int:
+        code = self.proc.wait(timeout=1200)
+        for t in self._threads:
+            t.join(timeout=10)
+        if code != 0:
+            sys.stderr.write("".join(line for _, line in self.err[-20:]))
+        return code
+
+    def summary(self) -> dict[str, Any]:
+        return dict(json.loads(self.out[-1][1]))
+
+
+def overhead(rows: int, iters: int, every: float, reps: int, tmp: str,
+             sink: list[dict[str, Any]]) -> dict[str, Any]:
+    seconds: dict[str, list[float]] = {"none": [], "snapshots": []}
+    taken: list[int] = []
+    for rep in range(reps):
+        for kind in (["none", "snapshots"] if rep % 2 == 0 else ["snapshots", "none"]):
+            ck = os.path.join(tmp, f"ck-{rep}")
+            extra = ["--checkpoint", ck, "--checkpoint-every", str(every), "--keep", "100000"]
+            run = Run(["-n", "2", "--balance", "off", *(extra if kind == "snapshots" else []),
+                       *lr_args(rows, iters)], tmp)
+            assert run.wait() == 0, "the job failed"
+            seconds[kind].append(run.summary()["seconds"])
+            if kind == "snapshots":
+                taken.append(len(committed(ck)))
+                shutil.rmtree(ck)
+    none, snaps = statistics.median(seconds["none"]), statistics.median(seconds["snapshots"])
+    per_snapshot = max(snaps - none, 0.0) / max(statistics.median(taken), 1)
+    row = {"kind": "overhead", "rows": rows, "iterations": iters, "every_s": every,
+           "snapshots_taken": taken, "seconds_without": seconds["none"],
+           "seconds_with": seconds["snapshots"],
+           "overhead_at_every": round(snaps / none - 1, 4),
+           "seconds_per_snapshot": round(per_snapshot, 4),
+           "overhead_at_60s": round(per_snapshot / 60.0, 5)}
+    emit(row, sink)
+    return row
+
+
+def recovery(rows: int, iters: int, every: float, tmp: str,
+             sink: list[dict[str, Any]]) -> dict[str, Any]:
+    ck = os.path.join(tmp, "ck-recovery")
+    run = Run(["-n", "2", "--checkpoint", ck, "--checkpoint-every", str(every), "--restarts", "1",
+               *lr_args(rows, iters)], tmp)
+    while not list(Path(ck).glob("snapshot-*/manifest.json")):
+        assert run.proc.poll() is None, "the job ended before its first snapshot"
+        time.sleep(0.005)
+    starts = list(Path(tmp).glob("canary-run-*/start-2.json"))
+    pid = int(json.loads(starts[0].read_text())["pid"])
+    t_kill = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    assert run.wait() == 0, "the job did not recover"
+    t_restart = next(t for t, line in run.err if "restarting the job" in line)
+    t_running = next(t for t, line in run.out if t > t_restart and line.startswith("iter "))
+    snap = choose(ck)[0]
+    t = time.perf_counter()
+    load_part(snap, list(snap.arrays()))
+    load = time.perf_counter() - t
+    row = {"kind": "recovery", "rows": rows, "snapshot_mb": round(snap.data["bytes"] / 2**20, 1),
+           "kill_to_restart_s": round(t_restart - t_kill, 3),
+           "restart_to_running_s": round(t_running - t_restart, 3),
+           "of_which_reading_snapshot_s": round(load, 3),
+           "kill_to_running_s": round(t_running - t_kill, 3)}
+    emit(row, sink)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=float, default=256.0, help="bytes per written part, in MB")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--lr", type=int, default=400_000, help="logistic regression rows")
+    ap.add_argument("--iters", type=int, default=3000)
+    ap.add_argument("--every", type=float, default=2.0, help="snapshot interval of the runs")
+    ap.add_argument("--dir", default=None, help="folder to write in (default: a temporary one)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
+    ap.add_argument("--out", default=None, help="also write the JSON lines here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.mb, args.reps, args.lr, args.iters, args.every = 4.0, 2, 4000, 400, 0.2
+    sink: list[dict[str, Any]] = []
+    tmp = tempfile.mkdtemp(prefix="canary-snapshot-bench-", dir=args.dir)
+    try:
+        ratio = write_throughput(tmp, args.mb, args.reps, sink)
+        over = overhead(args.lr, args.iters, args.every, 2, tmp, sink)
+        rec = recovery(args.lr, args.iters * 3, args.every, tmp, sink)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    emit({"summary": "snapshot", "write_over_plain": round(ratio, 3),
+          "write_target_met": ratio >= 0.7, "overhead_at_60s": over["overhead_at_60s"],
+          "overhead_target_met": over["overhead_at_60s"] <= 0.02,
+          "kill_to_running_s": rec["kill_to_running_s"]}, sink)
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in sink))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
