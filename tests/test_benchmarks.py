@@ -397,3 +397,19 @@ def test_migration_quick_moves_one_partition_and_times_it() -> None:
     assert 4 * 2**20 <= move["bytes"] < 4 * 2**20 + 1024 and move["transfer_s"] > 0  # + a tiny
     # partition of the same group (the moved group's other dataset)
     assert summary["migrations"] == 1 and summary["move_over_mpi_bandwidth"] > 0
+
+
+def test_snapshot_quick_prints_write_overhead_recovery_and_summary() -> None:
+    rows = run_bench("snapshot.py", "--quick")
+    kinds = [r.get("kind") for r in rows[:-1]]
+    assert kinds == ["write", "overhead", "recovery"]
+    write, over, rec, summary = rows
+    assert write["snapshot_over_plain_throughput"] == pytest.approx(
+        write["snapshot_gbps"] / write["plain_gbps"], rel=0.02)
+    assert all(n >= 1 for n in over["snapshots_taken"])  # the runs with snapshots took some
+    assert over["overhead_at_60s"] == pytest.approx(over["seconds_per_snapshot"] / 60, abs=1e-5)
+    assert rec["kill_to_running_s"] == pytest.approx(
+        rec["kill_to_restart_s"] + rec["restart_to_running_s"], abs=0.002)
+    assert summary["summary"] == "snapshot"
+    assert summary["write_over_plain"] == write["snapshot_over_plain_throughput"]
+    assert summary["write_target_met"] == (write["snapshot_over_plain_throughput"] >= 0.7)
