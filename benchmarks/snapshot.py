@@ -6,9 +6,9 @@
    against a plain sequential write of the same bytes to the same folder with the same fsync
    and rename, alternating, ``--reps`` times each; the ratio of the medians.
 2. **Overhead** (``kind: overhead``): logistic regression on ``--lr`` rows under
-   ``canary run -n 2``, without snapshots and with one every ``--every`` seconds, alternating;
-   the time one snapshot costs the job (the difference over the snapshots taken) and what that
-   is at the default interval of 60 s.
+   ``canary run -n 2`` with a snapshot every ``--every`` seconds: the time each snapshot cost
+   the job (the iterations around its barrier beyond the median iteration, from the run's
+   ``--metrics``), and what the median cost is at the default interval of 60 s.
 3. **Recovery** (``kind: recovery``): the same job with ``--restarts 1``; worker rank 2 is
    killed with SIGKILL once the first snapshot is committed. From the kill to the launcher
    saying it restarts (the death noticed and the job torn down), and from then to the first
@@ -134,28 +134,35 @@ class Run:
         return dict(json.loads(self.out[-1][1]))
 
 
-def overhead(rows: int, iters: int, every: float, reps: int, tmp: str,
+def overhead(rows: int, iters: int, every: float, tmp: str,
              sink: list[dict[str, Any]]) -> dict[str, Any]:
-    seconds: dict[str, list[float]] = {"none": [], "snapshots": []}
-    taken: list[int] = []
-    for rep in range(reps):
-        for kind in (["none", "snapshots"] if rep % 2 == 0 else ["snapshots", "none"]):
-            ck = os.path.join(tmp, f"ck-{rep}")
-            extra = ["--checkpoint", ck, "--checkpoint-every", str(every), "--keep", "100000"]
-            run = Run(["-n", "2", "--balance", "off", *(extra if kind == "snapshots" else []),
-                       *lr_args(rows, iters)], tmp)
-            assert run.wait() == 0, "the job failed"
-            seconds[kind].append(run.summary()["seconds"])
-            if kind == "snapshots":
-                taken.append(len(committed(ck)))
-                shutil.rmtree(ck)
-    none, snaps = statistics.median(seconds["none"]), statistics.median(seconds["snapshots"])
-    per_snapshot = max(snaps - none, 0.0) / max(statistics.median(taken), 1)
-    row = {"kind": "overhead", "rows": rows, "iterations": iters, "every_s": every,
-           "snapshots_taken": taken, "seconds_without": seconds["none"],
-           "seconds_with": seconds["snapshots"],
-           "overhead_at_every": round(snaps / none - 1, 4),
+    """What one snapshot costs the job, measured inside one run (runs side by side differ by
+    more than a snapshot costs on a shared machine): each snapshot's barrier names the loop
+    iteration it fell in, and the time the iterations around it took beyond the run's median
+    iteration is its cost."""
+    ck = os.path.join(tmp, "ck-overhead")
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    run = Run(["-n", "2", "--balance", "off", "--checkpoint", ck, "--checkpoint-every",
+               str(every), "--keep", "100000", *lr_args(rows, iters), "--metrics", metrics], tmp)
+    assert run.wait() == 0, "the job failed"
+    seconds = [json.loads(line)["seconds"] for line in Path(metrics).read_text().splitlines()]
+    took = np.diff(seconds)  # took[k]: the iteration whose report is row k + 1
+    median = float(np.median(took))
+    snaps = committed(ck)
+    costs = []
+    for snap in snaps:
+        c = int(snap.position["counters"][0])  # the loop iteration the barrier fell in
+        around = took[max(c - 2, 0):c + 2]
+        costs.append(float(np.sum(np.maximum(around - median, 0.0))))
+    per_snapshot = statistics.median(costs) if costs else 0.0
+    mb = statistics.median(s.data["bytes"] for s in snaps) / 2**20 if snaps else 0.0
+    total = seconds[-1] - seconds[0]
+    row = {"kind": "overhead", "rows": rows, "iterations": len(took), "every_s": every,
+           "snapshots": len(snaps), "snapshot_mb": round(mb, 1),
+           "median_iteration_ms": round(median * 1e3, 3),
            "seconds_per_snapshot": round(per_snapshot, 4),
+           "seconds_per_snapshot_each": [round(c, 4) for c in costs],
+           "overhead_at_every": round(sum(costs) / max(total - sum(costs), 1e-9), 4),
            "overhead_at_60s": round(per_snapshot / 60.0, 5)}
     emit(row, sink)
     return row
@@ -192,7 +199,7 @@ def recovery(rows: int, iters: int, every: float, tmp: str,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=256.0, help="bytes per written part, in MB")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--lr", type=int, default=400_000, help="logistic regression rows")
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--every", type=float, default=2.0, help="snapshot interval of the runs")
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="canary-snapshot-bench-", dir=args.dir)
     try:
         ratio = write_throughput(tmp, args.mb, args.reps, sink)
-        over = overhead(args.lr, args.iters, args.every, 2, tmp, sink)
+        over = overhead(args.lr, args.iters, args.every, tmp, sink)
         rec = recovery(args.lr, args.iters * 3, args.every, tmp, sink)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

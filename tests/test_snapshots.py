@@ -67,8 +67,10 @@ def crash_and_resume(make: Callable[[], Program], folder: Path, rng: random.Rand
                      every: float, crashes: int) -> tuple[canary.JobResult, int]:
     """Run with snapshots, stop at a random event, resume from the latest snapshot on a random
     number of workers (from the start if none was committed), ``crashes`` times; then finish.
-    Returns the final result and how many resumes started from a snapshot."""
+    Half the runs also move partitions at random moments (no snapshot is taken while one
+    moves). Returns the final result and how many resumes started from a snapshot."""
     cfg = SnapshotConfig(str(folder), every_s=every, keep=2)
+    chaos = rng.randrange(1000) if rng.random() < 0.5 else None
     full = canary.run_local(make(), workers=rng.randint(1, 3), seed=rng.randrange(1000),
                             checkpoint=cfg)
     resume = None
@@ -77,7 +79,7 @@ def crash_and_resume(make: Callable[[], Program], folder: Path, rng: random.Rand
         try:
             canary.run_local(make(), workers=rng.randint(1, 3), seed=rng.randrange(1000),
                              checkpoint=cfg, resume=resume, validate=True,
-                             shuffle_ready=rng.random() < 0.5,
+                             shuffle_ready=rng.random() < 0.5, chaos=chaos,
                              stop_after=rng.randint(1, full.events))
         except JobStopped:
             pass
@@ -87,7 +89,7 @@ def crash_and_resume(make: Callable[[], Program], folder: Path, rng: random.Rand
         except SnapshotError:
             resume = None
     last = canary.run_local(make(), workers=rng.randint(1, 3), seed=rng.randrange(1000),
-                            checkpoint=cfg, resume=resume, validate=True)
+                            checkpoint=cfg, resume=resume, validate=True, chaos=chaos)
     return last, from_snapshot
 
 
