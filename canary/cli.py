@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         from canary.sim.cli import main as simulate
 
         return simulate(argv[1:])
+    if argv and argv[0] in ("cluster", "submit", "jobs", "logs", "cancel"):  # a shared pool
+        from canary.pool.cli import main as pool
+
+        return pool(argv, find_mpiexec, lambda: mpiexec_env(None, launch.checkout_root()))
     ap = argparse.ArgumentParser(prog="canary", description="Canary dataflow engine.")
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a driver on N workers + 1 controller under mpiexec",
@@ -133,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("simulate", help="scheduling simulator (see `canary simulate --help`)")
+    for name in ("cluster", "submit", "jobs", "logs", "cancel"):  # see canary.pool.cli
+        sub.add_parser(name, help=f"a pool shared by jobs (see `canary {name} --help`)")
     args = ap.parse_args(argv)
     try:
         return _run(args)
