@@ -188,13 +188,9 @@ class JobsController:
 
     def _on_request(self, ev: Request, out: list[Any]) -> None:
         j = self.jobs.get(ev.job)
-        no = [self._send(worker_rank(ev.worker), Unreserve(self._next_eid(), ev.job))]
-        if j is None or j.info.state != "placing" or ev.worker in j.bound:
-            out += no
-            return
-        assert isinstance(j.plan, LateBindingPlan)
-        if j.plan.request(ev.worker) is None:
-            out += no
+        if (j is None or j.info.state != "placing" or ev.worker in j.bound
+                or not isinstance(j.plan, LateBindingPlan) or j.plan.request(ev.worker) is None):
+            out.append(self._send(worker_rank(ev.worker), Unreserve(self._next_eid(), ev.job)))
             return
         j.bound.append(ev.worker)
         if len(j.bound) < j.m:
