@@ -267,3 +267,22 @@ def test_a_cancelled_job_ends_with_the_reason_and_frees_the_workers() -> None:
     assert isinstance(run.results[1], JobAborted)
     assert "cancelled by its submitter" in str(run.results[1])
     assert isinstance(run.results[2], canary.JobResult)
+
+
+def test_a_task_handed_out_for_a_job_that_ends_frees_the_core_for_the_next() -> None:
+    from canary.messages import Abort, Placement
+    from canary.partition_map import PartitionMap
+    from canary.pool.messages import Declared, RunJobTask
+
+    w = JobsWorker(0, 1, "fifo")
+    for job in (1, 2):
+        w.handle(JobStart(job * 10, job, 0, (1,), JobSpec()))
+        p = program(f"p{job}", parts=1, iters=1)
+        w.handle(Declared(job * 10 + 1, job, p))
+        w.handle(Envelope(job, Placement(job * 10 + 2, PartitionMap.initial(
+            [g[0].partitions for g in p.finalize().groups], 1))))
+    assert w.running is not None and w.running[0] == 1
+    out = w.handle(Envelope(1, Abort(30, "cancelled")))
+    assert out[0] == Release(1, "cancelled", JobAborted, None, 30)
+    assert out[1] == RunJobTask.match(job=2)
+    assert w.state_of(1) is None

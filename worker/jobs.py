@@ -315,12 +315,11 @@ class JobsWorker:
         """What a probe reads: jobs running here plus reservations waiting here."""
         return len(self.jobs) + len(self.reserved)
 
-    def state_of(self, job: int) -> WorkerState:
-        """The job's state here (KeyError if the job is not here or not declared yet)."""
-        st = self.jobs[job].state
-        if st is None:
-            raise KeyError(job)
-        return st
+    def state_of(self, job: int) -> WorkerState | None:
+        """The job's state here; None once the job ended here (a task of it handed out
+        before its end must then not run)."""
+        j = self.jobs.get(job)
+        return None if j is None else j.state
 
     def user_id(self, user: str) -> int:
         return self.users.setdefault(user, len(self.users))
@@ -452,6 +451,8 @@ class JobsWorker:
         if j is None:
             return
         self.queue.remove_job(job)
+        if self.running is not None and self.running[0] == job:
+            self.running = None  # its task handed out is not run (or its end is ignored)
         self.sizes.append(j.seconds)
         out.append(Release(job, reason, JobAborted, None, self._cause))
 

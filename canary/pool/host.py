@@ -42,6 +42,7 @@ from canary.controller.jobs import JobsController
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
+from canary.pool.client import process_alive
 from canary.pool.messages import (
     Bcast,
     Cancel,
@@ -395,13 +396,15 @@ class WorkerHost(_Host):
                 busy = True
             if self.task is not None:
                 ins, self.task = self.task, None
-                ctx = self.contexts.get(ins.job)
-                _local.log = ctx.log if ctx is not None else None
-                try:
-                    ev = run_task(self.state.state_of(ins.job), ins.task, self.eid())
-                finally:
-                    _local.log = None
-                self.handle(Envelope(ins.job, ev))
+                job_state = self.state.state_of(ins.job)
+                if job_state is not None:  # else the job ended since: its task is dropped
+                    ctx = self.contexts.get(ins.job)
+                    _local.log = ctx.log if ctx is not None else None
+                    try:
+                        ev = run_task(job_state, ins.task, self.eid())
+                    finally:
+                        _local.log = None
+                    self.handle(Envelope(ins.job, ev))
                 busy = True
             if busy:
                 self.backoff.reset()
@@ -580,7 +583,7 @@ class ControllerHost(_Host):
             self._cancel(job, "cancelled by `canary cancel`")
         for job, st in list(self.status.items()):
             waiter = st.get("waiter")
-            if waiter and not _alive(int(waiter)):
+            if waiter and not process_alive(int(waiter)):
                 st["waiter"] = None
                 self._cancel(job, f"its submitter (pid {waiter}) went away")
 
@@ -635,16 +638,6 @@ class ControllerHost(_Host):
         self.carry(self.state.handle(StopPool(self.eid())))
         self.tx.flush()
         self.write_pool("stopped")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,8 +133,9 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
             elif kind is StartDriver:
                 push(now, -rank, Declared(eid(rank), ins.job, by_id[ins.job].program))
             elif kind is RunJobTask:
-                w = pool[rank - 1]
-                ev = run_task(w.state_of(ins.job), ins.task, eid(rank))
+                job_state = pool[rank - 1].state_of(ins.job)
+                assert job_state is not None, "a task handed out for a job that ended"
+                ev = run_task(job_state, ins.task, eid(rank))
                 if type(ev) is TaskDone:
                     if ins.task.kind == K_LOAD and workers > 1:  # a process's own copy
                         ev.outputs = tuple(np.array(v, copy=True) for v in ev.outputs)
