@@ -511,7 +511,7 @@ class ControllerHost(_Host):
         arrays = {f"{name}/{i}": np.asarray(v) for name, parts in result.results.items()
                   for i, v in enumerate(parts)}
         try:
-            np.savez(self.spool.job_dir(job) / "result.npz", **arrays)
+            np.savez(self.spool.job_dir(job) / "result.npz", **arrays)  # type: ignore[arg-type]
         except OSError as exc:
             self.note(job, f"canary pool: could not save the job's result: {exc}")
         self.status[job].update(tasks=result.tasks_run, seconds=round(result.seconds, 6))

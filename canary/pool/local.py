@@ -187,9 +187,9 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
             w = pool[rank - 1]
             carry(rank, w.handle(item, now))
             if validate:
-                for j in w.jobs.values():
-                    if j.state is not None:
-                        j.state.validate_state()
+                for wj in w.jobs.values():
+                    if wj.state is not None:
+                        wj.state.validate_state()
     if len(out.results) < len(by_id):
         left = sorted(set(by_id) - set(out.results))
         raise RuntimeError(f"run_jobs_local: job(s) {left} never ended (an engine bug)")
