@@ -69,7 +69,7 @@ from canary.worker.execute import run_task
 from canary.worker.jobs import JobsWorker
 
 _local = threading.local()  # .ctx: the JobContext of a driver thread; .log: where output goes
-SCAN_S = 0.02  # how often rank 0 looks at the pool directory
+SCAN_S = 0.01  # how often rank 0 looks at the pool directory
 
 
 # ---------------------------------------------------------------- output of the jobs
@@ -656,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     install()
     spool = Spool(args.dir)
+    # each rank's process id, for `canary cluster status` and the benchmarks' memory readings
+    write_json(spool.root / f"rank-{comm.Get_rank()}.json", {"pid": os.getpid(),
+                                                            "host": os.uname().nodename})
     comm.Barrier()  # every rank is up before rank 0 says the pool is ready
     if comm.Get_rank() == CONTROLLER:
         ControllerHost(comm, spool, args.policy, args.placement, args.seed,
