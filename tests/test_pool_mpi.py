@@ -32,6 +32,8 @@ def main(argv):
     comm = MPI.COMM_WORLD
     p = canary.Program("small")
     x = p.dataset("x", 3)
+    if argv[2] == "mismatch" and comm.Get_rank() == 1:
+        p.dataset("only_on_rank_1", 2)
     s = p.dataset("s", 1)
     local = p.dataset("local", 3)
     p.load([x], lambda i, n: np.arange(4.0) + i * scale, name="load")
@@ -152,10 +154,25 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert "done on 2 workers" in r.stdout and "placed on worker(s)" in r.stdout
     r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "fail", out)
     assert r.returncode == 1 and "failed" in r.stderr
+    r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "mismatch",
+               out)
+    assert r.returncode == 1 and "declared a different program" in r.stderr
+    # a waiting submitter that is killed takes its job with it
+    waiter = subprocess.Popen([sys.executable, "-m", "canary.cli", "submit", "--cluster",
+                               str(pool_dir), "--wait", driver, "100000", "1.0", "ok", out],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=mpiexec_env(120, str(ROOT)))
+    assert waiter.stdout is not None
+    assert "placed on worker(s)" in waiter.stdout.readline().decode()
+    waiter.kill()
+    waiter.wait(30)
+    st = client.wait(4, pool_dir, timeout=60)
+    assert st["state"] == "cancelled" and "its submitter" in st["error"]
     r = canary("jobs", "--cluster", str(pool_dir))
     assert r.returncode == 0 and " done " in r.stdout and " failed " in r.stdout
     r = canary("cluster", "status", "--cluster", str(pool_dir))
-    assert "pool ready: 2 worker(s)" in r.stdout and "1 done, 1 failed" in r.stdout
+    assert "pool ready: 2 worker(s)" in r.stdout
+    assert "1 cancelled, 1 done, 2 failed" in r.stdout, r.stdout
     r = canary("logs", "99", "--cluster", str(pool_dir))
     assert r.returncode == 2 and "no job 99 in the pool" in r.stderr
     r = canary("cluster", "stop", "--cluster", str(pool_dir))

@@ -273,7 +273,6 @@ class JobsWorker:
         self._eid = 0
         self._cause = 0
         self._now = 0.0
-        self.ran: list[int] = []  # job of every task handed out, in order (tests, benchmarks)
 
     # ------------------------------------------------------------------ public
     def handle(self, event: Any, now: float = 0.0) -> list[Any]:
@@ -432,7 +431,6 @@ class JobsWorker:
                                 self._cause))
                 continue
             self.running = (key, unit)
-            self.ran.append(key)
             out.append(RunJobTask(key, unit, self._cause))
 
     def _broken(self, j: _Job, message: str, out: list[Any]) -> None:
