@@ -25,6 +25,7 @@ from canary.pool.spool import FINAL_STATES, Spool, default_dir, read_json, write
 from canary.result import JobResult
 from canary.sched.placement import PLACEMENT_POLICIES
 from canary.sched.queues import QUEUE_POLICIES
+from canary.sentinel import is_running
 
 __all__ = ["PoolError", "cancel", "jobs", "logs", "pool_info", "result", "start", "status",
            "stop", "submit", "wait"]
@@ -38,22 +39,6 @@ def _spool(root: str | os.PathLike[str] | None) -> Spool:
     return Spool(default_dir() if root is None else root)
 
 
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, ended but not yet reaped by the process that
-    started it, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def pool_info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The running pool's ``pool.json`` (state ``ready`` or ``stopping``).
 
@@ -64,7 +49,7 @@ def pool_info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     launcher = read_json(sp.launcher_file) or {}
     pid = launcher.get("pid")
     if (info is None or info.get("state") not in ("ready", "stopping")
-            or (pid is not None and not process_alive(int(pid)))):
+            or (pid is not None and not is_running(int(pid)))):
         died = info is not None and info.get("state") in ("ready", "stopping")
         why = (f"the pool at {sp.root} ended unexpectedly (see {sp.log_file})" if died
                else f"no pool is running at {sp.root}")
@@ -148,9 +133,9 @@ def stop(root: str | os.PathLike[str] | None = None, now: bool = False,
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         info = read_json(sp.pool_file) or {}
-        if info.get("state") == "stopped" and (not pid or not process_alive(pid)):
+        if info.get("state") == "stopped" and (not pid or not is_running(pid)):
             return
-        if pid and not process_alive(pid):
+        if pid and not is_running(pid):
             return
         time.sleep(0.05)
     raise PoolError(f"the pool at {sp.root} did not stop within {timeout:.0f} s "

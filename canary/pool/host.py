@@ -42,7 +42,6 @@ from canary.controller.jobs import JobsController
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
-from canary.pool.client import process_alive
 from canary.pool.messages import (
     Bcast,
     Cancel,
@@ -64,6 +63,7 @@ from canary.pool.transport import JobTransport
 from canary.result import JobResult
 from canary.sched.placement import PLACEMENT_POLICIES
 from canary.sched.queues import QUEUE_POLICIES
+from canary.sentinel import is_running
 from canary.worker.config import WorkerConfig
 from canary.worker.execute import run_task
 from canary.worker.jobs import JobsWorker
@@ -333,6 +333,20 @@ class _Host:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def drain(self) -> bool:
+        """Act on what the driver threads asked for; whether there was anything."""
+        got = False
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return got
+            got = True
+            self._local(item)
+
+    def _local(self, item: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
     def start_driver(self, ins: StartDriver, log: JobLog) -> None:
         ctx = JobContext(self, ins.job, ins.rank, ins.size, ins.spec, log)
         self.contexts[ins.job] = ctx
@@ -383,13 +397,7 @@ class WorkerHost(_Host):
                 else:
                     self.handle(msg)
                 got = self.tx.poll()
-            while True:
-                try:
-                    item = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                busy = True
-                self._local(item)
+            busy = self.drain() or busy
             while self.resume:
                 job = self.resume.pop(0)
                 self.handle(Envelope(job, Resume(self.eid())))
@@ -583,7 +591,7 @@ class ControllerHost(_Host):
             self._cancel(job, "cancelled by `canary cancel`")
         for job, st in list(self.status.items()):
             waiter = st.get("waiter")
-            if waiter and not process_alive(int(waiter)):
+            if waiter and not is_running(int(waiter)):
                 st["waiter"] = None
                 self._cancel(job, f"its submitter (pid {waiter}) went away")
 
@@ -610,13 +618,7 @@ class ControllerHost(_Host):
                         "started", time.time())
                 self.carry(self.state.handle(msg))
                 got = self.tx.poll()
-            while True:
-                try:
-                    item = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                busy = True
-                self._local(item)
+            busy = self.drain() or busy
             t = time.perf_counter()
             if t >= self.next_scan:
                 self.next_scan = t + SCAN_S
