@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 import types
+from dataclasses import replace
 from itertools import count
 from pathlib import Path
 from typing import Any, TextIO
@@ -70,6 +71,7 @@ from canary.worker.jobs import JobsWorker
 
 _local = threading.local()  # .ctx: the JobContext of a driver thread; .log: where output goes
 SCAN_S = 0.01  # how often rank 0 looks at the pool directory
+POOL_FUSE_MAX_S = 5e-3  # the longest fused stretch of a pool job
 
 
 # ---------------------------------------------------------------- output of the jobs
@@ -360,7 +362,12 @@ class WorkerHost(_Host):
     def __init__(self, comm: Any, spool: Spool, policy: str) -> None:
         super().__init__(comm, spool)
         n = comm.Get_size() - 1
-        self.state = JobsWorker(self.rank - 1, n, policy, WorkerConfig.from_env())
+        # A task is never preempted, so a job's fused stretch is what another job's urgent
+        # task may wait for: a pool keeps stretches to a few ms.
+        config = WorkerConfig.from_env()
+        config = replace(config, fuse_max_s=min(config.fuse_max_s, POOL_FUSE_MAX_S),
+                         fuse_target_s=min(config.fuse_target_s, POOL_FUSE_MAX_S / 2))
+        self.state = JobsWorker(self.rank - 1, n, policy, config)
         self.task: RunJobTask | None = None
         self.resume: list[int] = []
 
