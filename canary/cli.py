@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         except SnapshotError as exc:
             print(f"canary snapshots: {exc}", file=sys.stderr)
             return 2
+    if argv and argv[0] in ("cluster", "submit", "jobs", "logs", "cancel"):  # a shared pool
+        from canary.pool.cli import main as pool
+
+        return pool(argv, find_mpiexec, lambda: mpiexec_env(None, launch.checkout_root()))
     ap = argparse.ArgumentParser(prog="canary", description="Canary dataflow engine.")
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a driver on N workers + 1 controller under mpiexec",
@@ -219,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("simulate", help="scheduling simulator (see `canary simulate --help`)")
     sub.add_parser("snapshots", help="list the snapshots in a checkpoint directory")
+    for name in ("cluster", "submit", "jobs", "logs", "cancel"):  # see canary.pool.cli
+        sub.add_parser(name, help=f"a pool shared by jobs (see `canary {name} --help`)")
     args = ap.parse_args(argv)
     if args.restarts < 0 or args.keep < 1 or args.checkpoint_every < 0:
         ap.error("--restarts must be >= 0, --keep >= 1 and --checkpoint-every >= 0")

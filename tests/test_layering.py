@@ -37,7 +37,9 @@ def modules() -> dict[str, Path]:
 def layer(name: str) -> int:
     if name.startswith(("canary.worker", "canary.controller")):
         return ROLES
-    if name in ("canary.local_runner", "canary.mpi_runner"):
+    # the pool's runners: its in-process runner and its ranks' MPI shell (canary.pool.*)
+    if name in ("canary.local_runner", "canary.mpi_runner", "canary.pool.local",
+                "canary.pool.host", "canary.pool.transport"):
         return RUNNERS
     if name in ("canary", "canary.cli", "canary.script"):
         return PUBLIC
@@ -125,4 +127,6 @@ def test_mpi_is_imported_in_the_few_modules_that_talk_to_it() -> None:
             if any(n.split(".")[0] == "mpi4py" for n in names):
                 importers.add(name)
     assert importers == {"canary.mpi_transport", "canary.mpi_runner", "canary.script",
-                         "canary.ranks", "canary.worker.runtime", "canary.controller.runtime"}
+                         "canary.ranks", "canary.worker.runtime", "canary.controller.runtime",
+                         # a pool's ranks and its job-tagged transport (canary.pool)
+                         "canary.pool.host", "canary.pool.transport"}

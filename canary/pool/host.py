@@ -1,0 +1,682 @@
+"""One rank of a pool: ``mpiexec -n N+1 python -m mpi4py -m canary.pool.host --dir DIR ...``.
+
+Rank 0 reads submissions from the pool directory (:mod:`canary.pool.spool`), places and
+controls the jobs (:class:`canary.controller.jobs.JobsController`); ranks 1..N are workers
+(:class:`canary.worker.jobs.JobsWorker`). Both only carry out their state machine's
+instructions, as the single-job runtimes do.
+
+How a submitted driver runs unchanged: wherever the job is placed, the rank starts the driver
+in a thread of its own. In that thread ``mpi4py.MPI.COMM_WORLD`` is the job's communicator
+(rank 0 the job's controller, ranks 1..M its workers; it offers ``Get_rank``, ``Get_size`` and
+``bcast`` from rank 0) and ``canary.run(program, comm)`` hands the program to this rank's job
+state and waits for the job's end: rank 0 gets its :class:`~canary.JobResult`, a failure
+raises as under ``canary run``. What the thread prints goes to the job's log. The script's
+module is imported once per rank and its ``main(argv)`` called per job (a script without
+``main`` runs top to bottom as ``__main__``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import io
+import os
+import queue
+import runpy
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import replace
+from itertools import count
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+from mpi4py import MPI
+
+import canary
+import canary.mpi_runner
+from canary.controller.jobs import JobsController
+from canary.errors import JobAborted
+from canary.idle import Backoff
+from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
+from canary.pool.messages import (
+    Bcast,
+    Cancel,
+    Declared,
+    DriverEnded,
+    Envelope,
+    JobCallback,
+    JobNote,
+    JobSpec,
+    Release,
+    RunJobTask,
+    StartDriver,
+    StopPool,
+    Submit,
+    YieldJob,
+)
+from canary.pool.spool import Spool, read_json, write_json
+from canary.pool.transport import JobTransport
+from canary.result import JobResult
+from canary.sched.placement import PLACEMENT_POLICIES
+from canary.sched.queues import QUEUE_POLICIES
+from canary.sentinel import is_running
+from canary.worker.config import WorkerConfig
+from canary.worker.execute import run_task
+from canary.worker.jobs import JobsWorker
+
+_local = threading.local()  # .ctx: the JobContext of a driver thread; .log: where output goes
+SCAN_S = 0.01  # how often rank 0 looks at the pool directory
+POOL_FUSE_MAX_S = 5e-3  # the longest fused stretch of a pool job
+
+
+# ---------------------------------------------------------------- output of the jobs
+class JobLog:
+    """A job's log file on this rank, opened at the first write."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+            self._file.write(text)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+class _Router(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of a pool rank: a thread running for a job writes to the
+    job's log, everything else to the real stream."""
+
+    def __init__(self, real: TextIO) -> None:
+        self.real = real
+
+    def write(self, text: str) -> int:
+        log = getattr(_local, "log", None)
+        if log is None:
+            return self.real.write(text)
+        log.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if getattr(_local, "log", None) is None:
+            self.real.flush()
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+
+# ---------------------------------------------------------------- the driver's view
+class JobComm:
+    """The communicator a driver sees in a pool: rank ``rank`` of ``size`` (0: the job's
+    controller). Drivers exchange nothing but a ``bcast`` from rank 0; any other MPI call
+    raises NotImplementedError saying so."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self._ctx = ctx
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
+        return self._ctx.rank
+
+    def Get_size(self) -> int:  # noqa: N802 - mpi4py's name
+        return self._ctx.size
+
+    @property
+    def rank(self) -> int:
+        return self._ctx.rank
+
+    @property
+    def size(self) -> int:
+        return self._ctx.size
+
+    def bcast(self, value: Any, root: int = 0) -> Any:
+        if root != 0:
+            raise NotImplementedError("a job in a canary pool can bcast from rank 0 only")
+        return self._ctx.bcast(value)
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotImplementedError(
+            f"a driver in a canary pool gets a communicator with Get_rank, Get_size and bcast "
+            f"from rank 0 only, not {name}: run drivers that talk MPI themselves with "
+            "`canary run`")
+
+
+class _MPIProxy(types.ModuleType):
+    """``mpi4py.MPI`` as drivers see it: the real module, except that ``COMM_WORLD`` in a
+    driver thread is the job's communicator."""
+
+    def __init__(self, real: types.ModuleType) -> None:
+        super().__init__(real.__name__, real.__doc__)
+        self.__dict__["_real"] = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_real"], name)
+
+    @property
+    def COMM_WORLD(self) -> Any:  # noqa: N802 - mpi4py's name
+        ctx = getattr(_local, "ctx", None)
+        return self.__dict__["_real"].COMM_WORLD if ctx is None else ctx.comm
+
+
+class JobContext:
+    """A job as its driver thread on this rank sees it, and how the host releases it."""
+
+    def __init__(self, host: Any, job: int, rank: int, size: int, spec: JobSpec,
+                 log: JobLog) -> None:
+        self.host = host
+        self.job = job
+        self.rank = rank
+        self.size = size
+        self.spec = spec
+        self.log = log
+        self.comm = JobComm(self)
+        self.declared = False
+        self.outcome: Any = None  # the result, or the exception to raise
+        self.released = threading.Event()
+        self._cond = threading.Condition()
+        self._bcasts: list[Any] = []
+
+    def run(self, program: Any) -> JobResult | None:
+        """``canary.run`` in the driver thread: hand over the program, wait for the end."""
+        if self.declared:
+            raise RuntimeError("canary.run called twice by one job: a pool job runs one program")
+        if not self.released.is_set():
+            self.declared = True
+            self.host.inbox.put(("declared", self.job, program))
+        self.released.wait()
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def bcast(self, value: Any) -> Any:
+        if self.rank == 0:
+            self.host.inbox.put(("bcast", self.job, value))
+            return value
+        with self._cond:
+            while not self._bcasts and not self.released.is_set():
+                self._cond.wait(0.5)
+            if self._bcasts:
+                return self._bcasts.pop(0)
+        raise JobAborted(str(self.outcome) if self.outcome is not None else "the job ended")
+
+    def deliver(self, value: Any) -> None:
+        with self._cond:
+            self._bcasts.append(value)
+            self._cond.notify_all()
+
+    def release(self, outcome: Any) -> None:
+        if self.released.is_set():
+            return
+        self.outcome = outcome
+        self.released.set()
+        with self._cond:
+            self._cond.notify_all()
+
+
+def pool_run(program: Any, comm: Any = None, window: int = 64, trace: str | None = None,
+             balance: bool | None = None) -> JobResult | None:
+    """``canary.run`` on a pool rank: in a driver thread, the job's; elsewhere the original."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        return _ORIGINAL_RUN(program, comm, window=window, trace=trace, balance=balance)
+    if trace and ctx.rank == 0:
+        print("canary pool: --trace is not available for a pool job; no trace written",
+              file=sys.stderr)
+    return ctx.run(program)
+
+
+_ORIGINAL_RUN = canary.mpi_runner.run
+_MODULES: dict[tuple[str, int], types.ModuleType] = {}
+_MODULES_LOCK = threading.Lock()
+
+
+def _load(script: str) -> types.ModuleType | None:
+    """The script's module (imported once per rank and version of the file), or None if it
+    has no ``main`` (then it is run as ``__main__`` each time)."""
+    path = Path(script).resolve()
+    key = (str(path), path.stat().st_mtime_ns)
+    with _MODULES_LOCK:
+        if key in _MODULES:
+            return _MODULES[key]
+        if (path.parent / "__init__.py").exists():
+            # under its package name, as `canary run` runs it (numba's cache keys on it)
+            root = str(path.parent.parent)
+            if root not in sys.path:
+                sys.path.insert(0, root)
+            name = f"{path.parent.name}.{path.stem}"
+            module = importlib.import_module(name)
+            if any(k[0] == str(path) for k in _MODULES):  # the file changed: read it again
+                module = importlib.reload(module)
+        else:
+            if "def main(" not in path.read_text():
+                return None  # a plain script: runs top to bottom each time
+            spec = importlib.util.spec_from_file_location(f"_canary_job_{path.stem}", path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        _MODULES[key] = module
+        return module
+
+
+def _driver(ctx: JobContext) -> None:
+    """A driver thread: run the job's script and say how it ended."""
+    _local.ctx = ctx
+    _local.log = ctx.log
+    code: int = 0
+    error: str | None = None
+    spec = ctx.spec
+    try:
+        module = _load(spec.script)
+        if module is not None and hasattr(module, "main"):
+            code = int(module.main(list(spec.args)) or 0)
+        else:
+            runpy.run_path(spec.script, run_name="__main__")
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            code = 1
+        else:
+            code = int(exc.code or 0)
+    except BaseException as exc:  # noqa: BLE001 - reported as the job's failure
+        if not isinstance(exc, JobAborted) or ctx.rank == 0:
+            traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+        code = 1
+    finally:
+        sys.stdout.flush()
+        ctx.host.inbox.put(("exit", ctx.job, code, error))
+
+
+def install() -> None:
+    """Make this process a pool rank: route output by thread, give driver threads their job's
+    communicator and ``canary.run``."""
+    import mpi4py
+
+    if not isinstance(sys.stdout, _Router):
+        sys.stdout = _Router(sys.stdout)
+        sys.stderr = _Router(sys.stderr)
+    if not isinstance(mpi4py.MPI, _MPIProxy):
+        proxy = _MPIProxy(MPI)
+        mpi4py.MPI = proxy  # type: ignore[attr-defined]
+        sys.modules["mpi4py.MPI"] = proxy
+    canary.run = pool_run  # type: ignore[assignment]
+    canary.mpi_runner.run = pool_run  # type: ignore[assignment]
+
+
+# ---------------------------------------------------------------- the ranks' loops
+class _Host:
+    def __init__(self, comm: Any, spool: Spool) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.spool = spool
+        self.tx = JobTransport(comm)
+        self.inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.contexts: dict[int, JobContext] = {}
+        self.ids = count(1)
+        self.t0 = time.perf_counter()
+        self.backoff = Backoff(max_sleep=2e-3)
+
+    def eid(self) -> int:
+        return local_event_id(self.rank, next(self.ids))
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def drain(self) -> bool:
+        """Act on what the driver threads asked for; whether there was anything."""
+        got = False
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return got
+            got = True
+            self._local(item)
+
+    def _local(self, item: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
+    def start_driver(self, ins: StartDriver, log: JobLog) -> None:
+        ctx = JobContext(self, ins.job, ins.rank, ins.size, ins.spec, log)
+        self.contexts[ins.job] = ctx
+        threading.Thread(target=_driver, args=(ctx,), name=f"job-{ins.job}",
+                         daemon=True).start()
+
+
+class WorkerHost(_Host):
+    """A worker rank: feed :class:`JobsWorker` and carry out what it says."""
+
+    def __init__(self, comm: Any, spool: Spool, policy: str) -> None:
+        super().__init__(comm, spool)
+        n = comm.Get_size() - 1
+        # A task is never preempted, so a job's fused stretch is what another job's urgent
+        # task may wait for: a pool keeps stretches to a few ms.
+        config = WorkerConfig.from_env()
+        config = replace(config, fuse_max_s=min(config.fuse_max_s, POOL_FUSE_MAX_S),
+                         fuse_target_s=min(config.fuse_target_s, POOL_FUSE_MAX_S / 2))
+        self.state = JobsWorker(self.rank - 1, n, policy, config)
+        self.task: RunJobTask | None = None
+        self.resume: list[int] = []
+
+    def carry(self, instrs: list[Any]) -> None:
+        for ins in instrs:
+            kind = type(ins)
+            if kind is Send:
+                self.tx.send(ins.dest, ins.message)
+            elif kind is RunJobTask:
+                self.task = ins
+            elif kind is YieldJob:
+                self.resume.append(ins.job)
+            elif kind is StartDriver:
+                self.start_driver(ins, JobLog(self.spool.job_dir(ins.job) /
+                                              f"rank-{self.rank}.log"))
+            elif kind is Release:
+                ctx = self.contexts.get(ins.job)
+                if ctx is not None:
+                    ctx.release(None if ins.reason is None else ins.error(ins.reason))
+
+    def handle(self, event: Any) -> None:
+        self.carry(self.state.handle(event, self.now()))
+
+    def loop(self) -> None:
+        while not self.state.stopped:
+            busy = False
+            got = self.tx.poll()
+            while got is not None:
+                msg = got[1]
+                if type(msg) is Bcast:
+                    ctx = self.contexts.get(msg.job)
+                    if ctx is not None:
+                        ctx.deliver(msg.value)
+                else:
+                    self.handle(msg)
+                got = self.tx.poll()
+            busy = self.drain() or busy
+            while self.resume:
+                job = self.resume.pop(0)
+                self.handle(Envelope(job, Resume(self.eid())))
+                busy = True
+            if self.task is not None:
+                ins, self.task = self.task, None
+                job_state = self.state.state_of(ins.job)
+                if job_state is not None:  # else the job ended since: its task is dropped
+                    ctx = self.contexts.get(ins.job)
+                    _local.log = ctx.log if ctx is not None else None
+                    try:
+                        ev = run_task(job_state, ins.task, self.eid())
+                    finally:
+                        _local.log = None
+                    self.handle(Envelope(ins.job, ev))
+                busy = True
+            if busy:
+                self.backoff.reset()
+            else:
+                self.tx.progress()
+                self.backoff.sleep()
+        self.tx.flush()
+
+    def _local(self, item: tuple[Any, ...]) -> None:
+        kind, job = item[0], item[1]
+        ctx = self.contexts.get(job)
+        if kind == "declared":
+            self.handle(Declared(self.eid(), job, item[2]))
+        elif kind == "exit":
+            self.contexts.pop(job, None)
+            if ctx is not None and ctx.log is not None:
+                ctx.log.close()
+            if ctx is not None and not ctx.released.is_set():
+                why = item[3] or f"it exited with status {item[2]} before the job ended"
+                self.handle(DriverEnded(self.eid(), job, self.rank - 1,
+                                        f"rank {self.rank}: {why}"))
+
+
+class ControllerHost(_Host):
+    """Rank 0: read the pool directory, feed :class:`JobsController`, run the jobs'
+    callbacks, keep every job's status file."""
+
+    def __init__(self, comm: Any, spool: Spool, policy: str, placement: str,
+                 seed: int, d: float) -> None:
+        super().__init__(comm, spool)
+        self.n = comm.Get_size() - 1
+        self.state = JobsController(self.n, placement, d, seed)
+        self.policy = policy
+        self.placement = placement
+        self.logs: dict[int, JobLog] = {}
+        self.status: dict[int, dict[str, Any]] = {}
+        self.cancelled: dict[int, str] = {}
+        self.stopping: str | None = None
+        self.next_scan = 0.0
+        self.next_status = 0.0
+
+    def write_pool(self, state: str) -> None:
+        write_json(self.spool.pool_file, {
+            "state": state, "workers": self.n, "policy": self.policy,
+            "placement": self.placement, "pid": os.getpid(), "host": os.uname().nodename,
+            "since": time.time()})
+
+    def job_status(self, job: int, **fields: Any) -> None:
+        st = self.status.setdefault(job, {"job": job})
+        st.update(fields)
+        write_json(self.spool.status_file(job), st)
+
+    def note(self, job: int, line: str) -> None:
+        log = self.logs.get(job)
+        if log is not None:
+            log.write(line + "\n")
+
+    def carry(self, instrs: list[Any]) -> None:
+        for ins in instrs:
+            kind = type(ins)
+            if kind is Send:
+                self.tx.send(ins.dest, ins.message)
+            elif kind is StartDriver:
+                info = self.state.info(ins.job)
+                self.job_status(ins.job, state="running", workers=list(info.workers),
+                                started=time.time())
+                self.start_driver(ins, self.logs[ins.job])
+            elif kind is JobNote:
+                self.note(ins.job, ins.line)
+            elif kind is JobCallback:
+                self._callback(ins)
+            elif kind is Release:
+                self._release(ins)
+
+    def _callback(self, ins: JobCallback) -> None:
+        _local.log = self.logs.get(ins.job)
+        try:
+            ins.fn(ins.event)
+        except Exception:  # noqa: BLE001 - the job's user code: that job fails alone
+            traceback.print_exc()
+            self.carry(self.state.handle(DriverEnded(
+                self.eid(), ins.job, -1, "its report callback raised (see the log)")))
+        finally:
+            _local.log = None
+
+    def _release(self, ins: Release) -> None:
+        ctx = self.contexts.get(ins.job)
+        if ins.reason is None:
+            st = ins.result
+            result = JobResult(st.results, st.tasks_run, st.n_workers,
+                               time.time() - self.status[ins.job].get("started", time.time()),
+                               dict(st.received), dict(st.sent), 0.0, {}, st.migrations,
+                               st.bytes_migrated)
+            self._save(ins.job, result)
+            outcome: Any = result
+        else:
+            reason = self.cancelled.get(ins.job, ins.reason)
+            self.note(ins.job, f"canary: job aborted: {reason}")
+            outcome = ins.error(reason)
+        if ctx is not None:
+            ctx.release(outcome)
+
+    def _save(self, job: int, result: JobResult) -> None:
+        arrays = {f"{name}/{i}": np.asarray(v) for name, parts in result.results.items()
+                  for i, v in enumerate(parts)}
+        try:
+            np.savez(self.spool.job_dir(job) / "result.npz", **arrays)  # type: ignore[arg-type]
+        except OSError as exc:
+            self.note(job, f"canary pool: could not save the job's result: {exc}")
+        self.status[job].update(tasks=result.tasks_run, seconds=round(result.seconds, 6))
+
+    def _local(self, item: tuple[Any, ...]) -> None:
+        kind, job = item[0], item[1]
+        if kind == "declared":
+            self.carry(self.state.handle(Declared(self.eid(), job, item[2])))
+        elif kind == "bcast":
+            j = self.state.jobs.get(job)
+            if j is not None:
+                for r in j.ranks:
+                    self.tx.send(r, Bcast(self.eid(), job, item[2]))
+        elif kind == "exit":
+            ctx = self.contexts.pop(job, None)
+            code, error = int(item[2]), item[3]
+            if job in self.state.jobs and self.state.info(job).state != "ended":
+                why = error or f"it exited with status {code} before the job ended"
+                self.carry(self.state.handle(DriverEnded(self.eid(), job, -1, why)))
+            if code != 0 and error is None:
+                error = f"the driver exited with status {code}"
+            if ctx is not None and isinstance(ctx.outcome, BaseException) and not error:
+                error = str(ctx.outcome)
+            self._finish(job, code, error)
+
+    def _finish(self, job: int, code: int, error: str | None) -> None:
+        if job in self.cancelled:
+            state, code, error = "cancelled", 130 if code == 0 else code, self.cancelled[job]
+        else:
+            state = "done" if code == 0 else "failed"
+            if code != 0 and error is None:
+                error = f"the driver exited with status {code}"
+        self.job_status(job, state=state, exit_code=code, error=error, ended=time.time(),
+                        iteration=self.state.info(job).iteration if job in self.state.jobs
+                        else -1)
+        log = self.logs.pop(job, None)
+        if log is not None:
+            log.close()
+        self.state.forget(job)
+        self.status.pop(job, None)
+
+    def _scan(self) -> None:
+        sp = self.spool
+        stop = sp.stop_file
+        if self.stopping is None and stop.exists():
+            self.stopping = stop.read_text().strip() or "wait"
+            self.write_pool("stopping")
+        if self.stopping == "now":
+            for job in self.state.active:
+                self._cancel(job, "the pool was stopped with --now")
+        for job in sp.take("queue"):
+            spec_d = read_json(sp.job_dir(job) / "spec.json")
+            if spec_d is None:
+                continue
+            spec = JobSpec(spec_d["script"], tuple(spec_d["args"]), spec_d["user"],
+                           int(spec_d["priority"]), float(spec_d["weight"]),
+                           int(spec_d["workers"]), spec_d.get("cwd", ""))
+            self.logs[job] = JobLog(sp.job_dir(job) / "out.log")
+            self.job_status(job, state="placing", submitted=spec_d.get("submitted"),
+                            user=spec.user, priority=spec.priority, weight=spec.weight,
+                            placing=time.time(), waiter=spec_d.get("waiter"))
+            if self.stopping == "now":
+                self.job_status(job, state="cancelled", exit_code=130, ended=time.time(),
+                                error="the pool was stopping")
+                self.status.pop(job, None)
+                continue
+            self.carry(self.state.handle(Submit(self.eid(), job, spec)))
+        for job in sp.take("cancel"):
+            self._cancel(job, "cancelled by `canary cancel`")
+        for job, st in list(self.status.items()):
+            waiter = st.get("waiter")
+            if waiter and not is_running(int(waiter)):
+                st["waiter"] = None
+                self._cancel(job, f"its submitter (pid {waiter}) went away")
+
+    def _cancel(self, job: int, reason: str) -> None:
+        if job not in self.state.jobs or self.state.info(job).state == "ended":
+            return
+        self.cancelled.setdefault(job, reason)
+        placing = self.state.info(job).state == "placing"
+        self.carry(self.state.handle(Cancel(self.eid(), job, reason)))
+        if placing:  # no driver was started: the job ends here
+            self._finish(job, 130, reason)
+
+    def loop(self) -> None:
+        self.write_pool("ready")
+        while True:
+            busy = False
+            got = self.tx.poll()
+            while got is not None:
+                busy = True
+                msg = got[1]
+                if type(msg) is Envelope and type(msg.message) is ReportPart:
+                    # as under `canary run`: seconds since the job started, on rank 0's clock
+                    msg.message.seconds = time.time() - self.status.get(msg.job, {}).get(
+                        "started", time.time())
+                self.carry(self.state.handle(msg))
+                got = self.tx.poll()
+            busy = self.drain() or busy
+            t = time.perf_counter()
+            if t >= self.next_scan:
+                self.next_scan = t + SCAN_S
+                self._scan()
+                if self.stopping is not None and not self.state.active and not self.contexts \
+                        and not list((self.spool.root / "queue").glob("*")):
+                    break
+            if t >= self.next_status:
+                self.next_status = t + 0.5
+                for job in self.state.active:
+                    info = self.state.info(job)
+                    if job in self.status and info.iteration >= 0:
+                        self.job_status(job, iteration=info.iteration)
+            if busy:
+                self.backoff.reset()
+            else:
+                self.tx.progress()
+                self.backoff.sleep()
+        self.carry(self.state.handle(StopPool(self.eid())))
+        self.tx.flush()
+        self.write_pool("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="canary.pool.host",
+                                 description="one rank of a canary pool (started by "
+                                             "`canary cluster start`)")
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--policy", choices=QUEUE_POLICIES, default="fair")
+    ap.add_argument("--placement", choices=PLACEMENT_POLICIES, default="batch-late")
+    ap.add_argument("--probe-ratio", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    comm = MPI.COMM_WORLD.Dup()
+    if comm.Get_size() < 2:
+        print("canary pool: needs at least 2 ranks (a controller and a worker)", file=sys.stderr)
+        return 2
+    install()
+    spool = Spool(args.dir)
+    # each rank's process id, for `canary cluster status` and the benchmarks' memory readings
+    write_json(spool.root / f"rank-{comm.Get_rank()}.json", {"pid": os.getpid(),
+                                                            "host": os.uname().nodename})
+    comm.Barrier()  # every rank is up before rank 0 says the pool is ready
+    if comm.Get_rank() == CONTROLLER:
+        ControllerHost(comm, spool, args.policy, args.placement, args.seed,
+                       args.probe_ratio).loop()
+    else:
+        WorkerHost(comm, spool, args.policy).loop()
+    comm.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

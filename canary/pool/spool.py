@@ -1,0 +1,128 @@
+"""The pool's directory: how submitters and the pool's rank 0 talk, with no network port.
+
+Layout of a pool directory ``DIR``:
+
+* ``pool.json``: the pool (state ``starting``, ``ready``, ``stopping``, ``stopped``; workers,
+  policies), written by rank 0; ``launcher.json``: the mpiexec process, written by
+  ``cluster start``; ``pool.log``: mpiexec's output.
+* ``jobs/ID/``: one folder per job: ``spec.json`` (what was submitted), ``status.json`` (state
+  ``queued``, ``placing``, ``running``, ``done``, ``failed``, ``cancelled``; exit status,
+  error, workers, progress, times), ``out.log`` (the driver's output on rank 0, the job's
+  notes), ``rank-R.log`` (what its driver and tasks printed on worker rank R, if anything),
+  ``result.npz`` (the reported datasets of a finished job).
+* ``queue/ID``: a job waiting to be read by rank 0; ``cancel/ID``: a cancellation asked for;
+  ``stop``: stop asked for (``wait`` or ``now``).
+
+Every JSON file is written whole to a temporary name and renamed, so a reader never sees half.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FINAL_STATES = ("done", "failed", "cancelled")
+DIR_ENV = "CANARY_POOL_DIR"
+
+
+def default_dir() -> Path:
+    """Where a pool lives when no ``--dir``/``--cluster`` is given: ``$CANARY_POOL_DIR``, else
+    ``canary/pool`` under the user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    given = os.environ.get(DIR_ENV, "").strip()
+    if given:
+        return Path(given)
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(
+        os.path.expanduser("~"), ".cache")
+    return Path(cache) / "canary" / "pool"
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write ``value`` to ``path`` atomically (a temporary file renamed over it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``, or None if there is no such file."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+class Spool:
+    """The files of the pool at ``root`` (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).absolute()
+
+    @property
+    def pool_file(self) -> Path:
+        return self.root / "pool.json"
+
+    @property
+    def launcher_file(self) -> Path:
+        return self.root / "launcher.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "pool.log"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.root / "stop"
+
+    def folder(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def job_dir(self, job: int) -> Path:
+        return self.root / "jobs" / str(job)
+
+    def status_file(self, job: int) -> Path:
+        return self.job_dir(job) / "status.json"
+
+    def job_ids(self) -> list[int]:
+        """Every job this pool directory has seen, in submission order."""
+        jobs = self.root / "jobs"
+        if not jobs.is_dir():
+            return []
+        return sorted(int(p.name) for p in jobs.iterdir() if p.name.isdigit())
+
+    def new_job(self, spec: dict[str, Any]) -> int:
+        """Allocate the next job id (safe against concurrent submitters: the folder is
+        created exclusively), write its spec and status, and queue it for rank 0."""
+        jobs = self.folder("jobs")
+        job = max(self.job_ids(), default=0) + 1
+        while True:
+            try:
+                (jobs / str(job)).mkdir()
+                break
+            except FileExistsError:
+                job += 1
+        write_json(self.job_dir(job) / "spec.json", spec)
+        write_json(self.status_file(job), {"job": job, "state": "queued"})
+        marker = self.folder("queue") / str(job)
+        marker.touch()
+        return job
+
+    def take(self, folder: str) -> list[int]:
+        """The job ids marked in ``folder`` (``queue``, ``cancel``), markers removed."""
+        path = self.root / folder
+        try:
+            names = os.listdir(path)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            if name.isdigit():
+                try:
+                    os.unlink(path / name)
+                except FileNotFoundError:
+                    continue
+                out.append(int(name))
+        return sorted(out)

@@ -1,0 +1,201 @@
+"""A pool on real MPI ranks (2 and 3 workers): jobs at once give their solo answers, a failing
+job ends alone, cancel, stop; and every bad request gets a clear error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from canary.cli import find_mpiexec, mpiexec_env
+from canary.pool import client
+from canary.pool.client import PoolError
+from canary.pool.spool import read_json
+from tests.conftest import ROOT
+
+DRIVER = """
+import sys
+import time
+import numpy as np
+import canary
+from mpi4py import MPI
+
+
+def main(argv):
+    iters, scale, fail, out = int(argv[0]), float(argv[1]), argv[2] == "fail", argv[3]
+    comm = MPI.COMM_WORLD
+    p = canary.Program("small")
+    x = p.dataset("x", 3)
+    if argv[2] == "mismatch" and comm.Get_rank() == 1:
+        p.dataset("only_on_rank_1", 2)
+    s = p.dataset("s", 1)
+    local = p.dataset("local", 3)
+    p.load([x], lambda i, n: np.arange(4.0) + i * scale, name="load")
+    p.load([s], lambda i, n: np.zeros(4), name="init")
+
+    def step(a, b):
+        if fail and b[0] > 0.5:
+            raise ValueError("the kernel failed on purpose")
+        time.sleep(0.002)
+        return a * 1.01 + b * 0.001
+
+    with p.loop(iters):
+        p.broadcast(s, local)
+        p.compute(step, [x, local], [x])
+        p.reduce(x, s)
+    p.report(s, name="final", callback=lambda ev: print("iteration", ev.iteration))
+    result = canary.run(p, comm)
+    if result is not None:
+        np.save(out, result.value("s"))
+        print("done on", comm.Get_size() - 1, "workers")
+    return 0
+"""
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> str:
+    path = tmp_path / "small_driver.py"
+    path.write_text(DRIVER)
+    return str(path)
+
+
+def _expected(iters: int, scale: float) -> np.ndarray:
+    """The same program in-process (its answer does not depend on the workers)."""
+    import canary
+
+    p = canary.Program("small")
+    x = p.dataset("x", 3)
+    s = p.dataset("s", 1)
+    local = p.dataset("local", 3)
+    p.load([x], lambda i, n: np.arange(4.0) + i * scale, name="load")
+    p.load([s], lambda i, n: np.zeros(4), name="init")
+    with p.loop(iters):
+        p.broadcast(s, local)
+        p.compute(lambda a, b: a * 1.01 + b * 0.001, [x, local], [x])
+        p.reduce(x, s)
+    p.report(s, name="final")
+    return canary.run_local(p, workers=2).value("s")
+
+
+@pytest.fixture
+def pool_dir(tmp_path: Path) -> Iterator[Path]:
+    root = tmp_path / "pool"
+    yield root
+    launcher = read_json(root / "launcher.json")
+    try:
+        client.stop(root, now=True, timeout=30)
+    except PoolError:
+        pass
+    finally:  # never leave a pool behind
+        pid = (launcher or {}).get("pid")
+        if pid:
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _start(root: Path, workers: int, policy: str = "fair") -> None:
+    env = mpiexec_env(120, str(ROOT))
+    client.start(workers, find_mpiexec(), env, root, policy=policy, timeout=90)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_two_jobs_at_once_a_failing_one_and_a_cancel(workers: int, driver: str,
+                                                     pool_dir: Path, tmp_path: Path) -> None:
+    _start(pool_dir, workers)
+    outs = [str(tmp_path / f"out{k}.npy") for k in range(3)]
+    a = client.submit(driver, ["8", "1.0", "ok", outs[0]], pool_dir, user="ann")
+    bad = client.submit(driver, ["8", "1.0", "fail", outs[1]], pool_dir, user="bob")
+    b = client.submit(driver, ["5", "2.0", "ok", outs[2]], pool_dir, user="bob", priority=1)
+    long = client.submit(driver, ["100000", "1.0", "ok", outs[1]], pool_dir, workers=1)
+    for job in (a, b):
+        st = client.wait(job, pool_dir, timeout=120)
+        assert st["state"] == "done" and st["exit_code"] == 0, client.logs(job, pool_dir)
+    assert np.array_equal(np.load(outs[0]), _expected(8, 1.0))
+    assert np.array_equal(np.load(outs[2]), _expected(5, 2.0))
+    assert np.array_equal(client.result(a, pool_dir).value("s"), _expected(8, 1.0))
+    st = client.wait(bad, pool_dir, timeout=120)
+    assert st["state"] == "failed" and st["exit_code"] != 0
+    assert "the kernel failed on purpose" in client.logs(bad, pool_dir)
+    assert f"done on {workers} workers" in client.logs(a, pool_dir)
+    assert "iteration ()" in client.logs(a, pool_dir)  # the callback ran, into the log
+    client.cancel(long, pool_dir)
+    st = client.wait(long, pool_dir, timeout=60)
+    assert st["state"] == "cancelled" and "canary cancel" in st["error"]
+    with pytest.raises(PoolError, match="already ended"):
+        client.cancel(long, pool_dir)
+    # the pool goes on after all that
+    c = client.submit(driver, ["3", "1.0", "ok", outs[1]], pool_dir)
+    assert client.wait(c, pool_dir, timeout=120)["state"] == "done"
+    assert np.array_equal(np.load(outs[1]), _expected(3, 1.0))
+    client.stop(pool_dir, timeout=60)
+    with pytest.raises(PoolError, match="no pool is running"):
+        client.submit(driver, [], pool_dir)
+
+
+def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Path) -> None:
+    def canary(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "canary.cli", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=150,
+                              env=mpiexec_env(120, str(ROOT)))
+
+    r = canary("cluster", "start", "-n", "2", "--dir", str(pool_dir), "--policy", "priority")
+    assert r.returncode == 0 and "2 worker(s), policy priority" in r.stdout, r.stderr
+    out = str(tmp_path / "o.npy")
+    r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "ok", out)
+    assert r.returncode == 0, r.stderr
+    assert "done on 2 workers" in r.stdout and "placed on worker(s)" in r.stdout
+    r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "fail", out)
+    assert r.returncode == 1 and "failed" in r.stderr
+    r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "mismatch",
+               out)
+    assert r.returncode == 1 and "declared a different program" in r.stderr
+    # a waiting submitter that is killed takes its job with it
+    waiter = subprocess.Popen([sys.executable, "-m", "canary.cli", "submit", "--cluster",
+                               str(pool_dir), "--wait", driver, "100000", "1.0", "ok", out],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=mpiexec_env(120, str(ROOT)))
+    assert waiter.stdout is not None
+    assert "placed on worker(s)" in waiter.stdout.readline().decode()
+    waiter.kill()
+    waiter.wait(30)
+    st = client.wait(4, pool_dir, timeout=60)
+    assert st["state"] == "cancelled" and "its submitter" in st["error"]
+    r = canary("jobs", "--cluster", str(pool_dir))
+    assert r.returncode == 0 and " done " in r.stdout and " failed " in r.stdout
+    r = canary("cluster", "status", "--cluster", str(pool_dir))
+    assert "pool ready: 2 worker(s)" in r.stdout
+    assert "1 cancelled, 1 done, 2 failed" in r.stdout, r.stdout
+    r = canary("logs", "99", "--cluster", str(pool_dir))
+    assert r.returncode == 2 and "no job 99 in the pool" in r.stderr
+    r = canary("cluster", "stop", "--cluster", str(pool_dir))
+    assert r.returncode == 0 and "stopped" in r.stdout
+
+
+def test_bad_requests_get_clear_errors(driver: str, tmp_path: Path) -> None:
+    root = tmp_path / "nowhere"
+    with pytest.raises(PoolError, match="no pool is running at .*canary cluster start"):
+        client.submit(driver, [], root)
+    with pytest.raises(PoolError, match="script not found: missing.py"):
+        client.submit("missing.py", [], root)
+    with pytest.raises(PoolError, match="--weight must be > 0, got -1"):
+        client.submit(driver, [], root, weight=-1.0)
+    with pytest.raises(PoolError, match="--priority must be >= 0"):
+        client.submit(driver, [], root, priority=-2)
+    with pytest.raises(PoolError, match="no job 7 in the pool"):
+        client.status(7, root)
+    with pytest.raises(PoolError, match="unknown queue policy 'lifo'; choose from fifo"):
+        client.start(2, "mpiexec", {}, root, policy="lifo")
+    with pytest.raises(PoolError, match="unknown placement policy 'best'"):
+        client.start(2, "mpiexec", {}, root, placement="best")
+    from canary.cli import main
+
+    assert main(["cancel", "3", "--cluster", str(root)]) == 2
+    assert main(["submit", "--cluster", str(root), "--weight", "-1", driver]) == 2

@@ -1,0 +1,288 @@
+"""The pool's pure state machines: queue policies, Sparrow placement and job routing as exact
+decisions, and whole multi-job runs in-process (answers, isolation, cancel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import canary
+from canary.controller.jobs import JobsController
+from canary.errors import JobAborted, TaskError
+from canary.messages import CONTROLLER, Send
+from canary.pool.local import LocalJob, run_jobs_local
+from canary.pool.messages import (
+    Cancel,
+    Envelope,
+    JobNote,
+    JobSpec,
+    JobStart,
+    Probe,
+    ProbeReply,
+    Release,
+    Request,
+    Reserve,
+    StartDriver,
+    Submit,
+    Unreserve,
+)
+from canary.sched.placement import make_placement
+from canary.worker.jobs import JobQueue, JobsWorker, instance_bound
+
+
+def program(name: str, parts: int = 3, iters: int = 6, scale: float = 1.0,
+            fail_at: float | None = None) -> canary.Program:
+    """A small iterative job: broadcast, compute, reduce, reported at the end."""
+    p = canary.Program(name)
+    x = p.dataset("x", parts)
+    s = p.dataset("s", 1)
+    local = p.dataset("local", parts)
+    p.load([x], lambda i, n: np.arange(4.0) + i * scale, name="load")
+    p.load([s], lambda i, n: np.zeros(4), name="init")
+
+    def step(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if fail_at is not None and b[0] > fail_at:
+            raise ValueError("the kernel failed on purpose")
+        return a * 1.01 + b * 0.001
+
+    with p.loop(iters):
+        p.broadcast(s, local)
+        p.compute(step, [x, local], [x])
+        p.reduce(x, s)
+    p.report(s, name="final")
+    return p
+
+
+# ---------------------------------------------------------------- queue policies
+def _drain(q: JobQueue, now: float = 0.0) -> list[int]:
+    order = []
+    while len(q):
+        got = q.pop(now)
+        assert got is not None
+        order.append(got[0])
+        q.finished(got[0], 0.001, now)
+    return order
+
+
+def test_fifo_serves_jobs_in_arrival_order_whatever_the_order_their_tasks_became_ready() -> None:
+    q = JobQueue("fifo")
+    q.add_job(1, 0, 0, 1.0, 0.0)
+    q.add_job(2, 0, 0, 1.0, 0.0)
+    q.push(2, "b", 0.0)
+    q.push(1, "a", 0.0)
+    q.push(2, "b2", 0.0)
+    assert _drain(q) == [1, 2, 2]
+
+
+def test_priority_serves_the_lower_level_first_and_arrival_order_within_a_level() -> None:
+    q = JobQueue("priority")
+    q.add_job(1, 0, 1, 1.0, 0.0)
+    q.add_job(2, 0, 0, 1.0, 0.0)
+    q.add_job(3, 0, 1, 1.0, 0.0)
+    for key in (1, 3, 2):
+        q.push(key, None, 0.0)
+    assert _drain(q) == [2, 1, 3]
+
+
+def test_weighted_fair_gives_users_service_in_proportion_to_their_weights() -> None:
+    q = JobQueue("fair")
+    q.add_job(1, 0, 0, 1.0, 0.0)  # user 0, weight 1
+    q.add_job(2, 1, 0, 2.0, 0.0)  # user 1, weight 2
+    served = []
+    for _ in range(30):  # each job keeps one unit ready, as a job's state does
+        for key in (1, 2):
+            if key not in [k for k, _ in q._units.items() if q._units[k]]:
+                q.push(key, None, 0.0)
+        got = q.pop(0.0)
+        assert got is not None
+        served.append(got[0])
+        q.finished(got[0], 0.001, 0.0)
+    assert served.count(2) == 2 * served.count(1)
+
+
+def test_hfsp_serves_an_untrained_job_first_then_the_smaller_estimate() -> None:
+    q = JobQueue("hfsp")
+    q.add_job(1, 0, 0, 1.0, 0.0)
+    q.add_job(2, 0, 0, 1.0, 0.0)
+    q.set_estimate(1, 100.0, 0.0)  # job 1 trained: large
+    q.push(1, None, 0.0)
+    q.push(2, None, 0.0)
+    assert q.pop(0.0) == (2, None)  # untrained (estimate 0): first
+    q.finished(2, 0.01, 0.01)
+    q.set_estimate(2, 1.0, 0.01)
+    q.push(2, None, 0.01)
+    assert q.pop(0.02) == (2, None)  # smaller remaining size
+    q.finished(2, 0.01, 0.03)
+    assert q.pop(0.03) == (1, None)
+
+
+def test_a_removed_job_leaves_nothing_in_the_queue() -> None:
+    for policy in ("fifo", "priority", "fair", "hfsp"):
+        q = JobQueue(policy)
+        q.add_job(1, 0, 0, 1.0, 0.0)
+        q.add_job(2, 1, 0, 1.0, 0.0)
+        q.push(1, "a", 0.0)
+        q.push(2, "b", 0.0)
+        assert q.remove_job(1) == ["a"]
+        assert _drain(q) == [2], policy
+        assert 1 not in q
+
+
+def test_bad_queue_input_is_rejected_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown queue policy 'lifo'"):
+        JobQueue("lifo")
+    q = JobQueue("fair")
+    with pytest.raises(ValueError, match="weight must be > 0"):
+        q.add_job(1, 0, 0, -1.0, 0.0)
+
+
+def test_instance_bound_counts_loops_at_their_bounds() -> None:
+    p = program("bound", iters=6).finalize()
+    # two loads, three stages per iteration, one report
+    assert instance_bound(p.ops) == 2 + 6 * 3 + 1
+
+
+# ---------------------------------------------------------------- placement decisions
+def test_batch_late_reserves_d_times_m_workers_and_binds_the_first_m_to_ask() -> None:
+    ctrl = JobsController(4, "batch-late", d=2.0, seed=7)
+    spec = JobSpec("drv.py", (), "ann", 0, 1.0, workers=2)
+    out = ctrl.handle(Submit(1, 1, spec))
+    expected = make_placement("batch-late", 2.0).plan(2, 4, np.random.default_rng(7))
+    reserved = list(dict.fromkeys(expected.reservations.tolist()))
+    assert len(reserved) == 4
+    assert out == [Send(w + 1, Reserve(k, 1, spec), 1) for k, w in enumerate(reserved, 1)]
+    first, second, third, fourth = reserved
+    assert ctrl.handle(Request(10, 1, first)) == []
+    out = ctrl.handle(Request(11, 1, second))
+    ranks = (first + 1, second + 1)
+    late = sorted({third, fourth})
+    assert out == [Send(first + 1, JobStart(5, 1, 0, ranks, spec), 11),
+                   Send(second + 1, JobStart(6, 1, 1, ranks, spec), 11),
+                   StartDriver(1, 0, 3, spec, 11),
+                   JobNote.match(job=1),
+                   Send(late[0] + 1, Unreserve(7, 1), 11),
+                   Send(late[1] + 1, Unreserve(8, 1), 11)]
+    # a request that crossed the cancellation gets a no
+    assert ctrl.handle(Request(12, 1, third)) == [Send(third + 1, Unreserve(9, 1), 12)]
+
+
+def test_batch_sampling_probes_and_places_on_the_least_loaded() -> None:
+    ctrl = JobsController(4, "batch", d=2.0, seed=3)
+    spec = JobSpec("drv.py", workers=1)
+    out = ctrl.handle(Submit(1, 1, spec))
+    probed = [ins.dest - 1 for ins in out]
+    assert out == [Send(w + 1, Probe(k, 1), 1) for k, w in enumerate(probed, 1)]
+    assert len(probed) == 2
+    assert ctrl.handle(ProbeReply(20, 1, probed[0], 5)) == []
+    out = ctrl.handle(ProbeReply(21, 1, probed[1], 1))
+    assert out[0] == Send(probed[1] + 1, JobStart(3, 1, 0, (probed[1] + 1,), spec), 21)
+
+
+def test_cancel_while_placing_withdraws_every_reservation() -> None:
+    ctrl = JobsController(3, "batch-late", seed=1)
+    out = ctrl.handle(Submit(1, 1, JobSpec(workers=1)))
+    reserved = [ins.dest for ins in out]
+    out = ctrl.handle(Cancel(2, 1, "no longer wanted"))
+    assert out == [Send(r, Unreserve(k, 1), 2) for k, r in enumerate(reserved, len(reserved) + 1)]
+    assert ctrl.info(1).state == "ended"
+
+
+# ---------------------------------------------------------------- a worker's routing
+def test_a_worker_asks_for_the_job_when_its_reservation_reaches_the_front() -> None:
+    w = JobsWorker(0, 2, "priority")
+    spec = JobSpec(priority=0)
+    assert w.handle(Reserve(1, 5, spec)) == [Send(CONTROLLER, Request(1, 5, 0), 1)]
+    assert w.handle(Probe(2, 6)) == [Send(CONTROLLER, ProbeReply(2, 6, 0, 1), 2)]
+    assert w.handle(Unreserve(3, 5)) == []
+    assert w.load == 0
+
+
+def test_a_jobs_messages_before_its_driver_declared_wait_and_late_ones_are_dropped() -> None:
+    from canary.messages import Placement, Shutdown
+    from canary.partition_map import PartitionMap
+    from canary.pool.messages import Declared
+
+    w = JobsWorker(1, 2, "fifo")
+    spec = JobSpec()
+    assert w.handle(JobStart(1, 9, 0, (2,), spec)) == [StartDriver(9, 1, 2, spec, 1)]
+    p = program("early", parts=2, iters=1)
+    placement = Placement(2, PartitionMap.initial([g[0].partitions for g in
+                                                   p.finalize().groups], 1))
+    assert w.handle(Envelope(9, placement)) == []  # not declared yet: kept
+    out = w.handle(Declared(3, 9, p))
+    # Hello to the job's controller (pool rank 0), then the first task of the job
+    assert out[0] == Send.match(dest=0)
+    assert type(out[0].message) is Envelope and out[0].message.job == 9
+    assert any(type(i).__name__ == "RunJobTask" for i in out)
+    assert w.handle(Envelope(9, Shutdown(4))) == [Release(9, None, JobAborted, None, 4)]
+    assert w.handle(Envelope(9, Shutdown(5))) == []  # the job is gone here
+
+
+# ---------------------------------------------------------------- whole runs in-process
+@pytest.mark.parametrize("policy", ["fifo", "priority", "fair", "hfsp"])
+@pytest.mark.parametrize("placement", ["random", "per-task", "batch", "batch-late"])
+def test_jobs_sharing_a_pool_give_their_solo_answers(policy: str, placement: str) -> None:
+    solo_a = canary.run_local(program("a", 4, 8, 1.0), workers=2).value("s")
+    solo_b = canary.run_local(program("b", 3, 5, 2.0), workers=3).value("s")
+    for seed in range(3):
+        run = run_jobs_local([LocalJob(program("a", 4, 8, 1.0)),
+                              LocalJob(program("b", 3, 5, 2.0), user="bob", priority=1,
+                                       at=0.5)],
+                             workers=3, policy=policy, placement=placement, seed=seed,
+                             validate=True)
+        a, b = run.results[1], run.results[2]
+        assert isinstance(a, canary.JobResult) and isinstance(b, canary.JobResult)
+        assert np.array_equal(a.value("s"), solo_a) and np.array_equal(b.value("s"), solo_b)
+
+
+def test_strict_priority_runs_the_urgent_job_whenever_it_has_a_ready_task() -> None:
+    run = run_jobs_local([LocalJob(program("low", 2, 10), priority=1),
+                          LocalJob(program("high", 2, 3), priority=0, at=6.0)],
+                         workers=1, policy="priority", placement="random", seed=0,
+                         mean_delay=0.01)
+    ran = run.ran[0]
+    first_high, last_high = ran.index(2), len(ran) - 1 - ran[::-1].index(2)
+    # once the urgent job started on the one worker, nothing else ran until it was done
+    assert set(ran[first_high:last_high + 1]) == {2}
+    assert ran[:first_high] and set(ran[:first_high]) == {1} and ran[-1] == 1
+
+
+def test_a_failing_job_ends_alone_and_the_others_finish() -> None:
+    good = canary.run_local(program("good", 3, 6), workers=2).value("s")
+    for seed in range(3):
+        run = run_jobs_local([LocalJob(program("good", 3, 6)),
+                              LocalJob(program("bad", 3, 6, fail_at=0.5)),
+                              LocalJob(program("good2", 3, 6), at=3.0)],
+                             workers=2, seed=seed, validate=True)
+        assert isinstance(run.results[2], TaskError)
+        assert "the kernel failed on purpose" in str(run.results[2])
+        for k in (1, 3):
+            res = run.results[k]
+            assert isinstance(res, canary.JobResult) and np.array_equal(res.value("s"), good)
+
+
+def test_a_cancelled_job_ends_with_the_reason_and_frees_the_workers() -> None:
+    run = run_jobs_local([LocalJob(program("long", 2, 200), cancel_at=20.0),
+                          LocalJob(program("short", 2, 4))], workers=2, seed=4, validate=True)
+    assert isinstance(run.results[1], JobAborted)
+    assert "cancelled by its submitter" in str(run.results[1])
+    assert isinstance(run.results[2], canary.JobResult)
+
+
+def test_a_task_handed_out_for_a_job_that_ends_frees_the_core_for_the_next() -> None:
+    from canary.messages import Abort, Placement
+    from canary.partition_map import PartitionMap
+    from canary.pool.messages import Declared, RunJobTask
+
+    w = JobsWorker(0, 1, "fifo")
+    for job in (1, 2):
+        w.handle(JobStart(job * 10, job, 0, (1,), JobSpec()))
+        p = program(f"p{job}", parts=1, iters=1)
+        w.handle(Declared(job * 10 + 1, job, p))
+        w.handle(Envelope(job, Placement(job * 10 + 2, PartitionMap.initial(
+            [g[0].partitions for g in p.finalize().groups], 1))))
+    assert w.running is not None and w.running[0] == 1
+    out = w.handle(Envelope(1, Abort(30, "cancelled")))
+    assert out[0] == Release(1, "cancelled", JobAborted, None, 30)
+    assert out[1] == RunJobTask.match(job=2)
+    assert w.state_of(1) is None

@@ -1,0 +1,459 @@
+"""A worker shared by several jobs, as a pure state machine: ``handle(event, now) -> instructions``.
+
+One :class:`~canary.worker.state.WorkerState` per job runs that job exactly as under
+``canary run``; this layer only says *which job's* ready task runs next, and routes messages:
+
+* **Isolation.** Each job has its own state, its own job ranks and its own messages
+  (:class:`~canary.pool.messages.Envelope`): nothing of one job reaches another's state. A job
+  that ends (done, failed, cancelled) is dropped with everything it held here.
+* **Sharing.** A job's state hands out one task at a time; the task waits in the worker's
+  :class:`JobQueue` until the queue policy picks it. The worker runs one task at a time (a
+  worker rank is one core), so the policy decides every time the core frees: FIFO by job
+  arrival, strict priority, weighted fair share across users by task seconds, or HFSP.
+* **Placement (Sparrow).** A :class:`~canary.pool.messages.Probe` is answered with the load
+  (jobs here plus queued reservations); a :class:`~canary.pool.messages.Reserve` queues a
+  reservation item in the same queue as the tasks, and when the policy pops it the worker asks
+  the job's scheduler for the job (:class:`~canary.pool.messages.Request`).
+
+Nothing here reads a clock: ``now`` comes with every event (seconds, never decreasing).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from canary.errors import JobAborted
+from canary.messages import (
+    CONTROLLER,
+    Abort,
+    Send,
+    Shutdown,
+    TaskDone,
+    TaskFailed,
+    Yield,
+)
+from canary.pool.messages import (
+    Declared,
+    DriverEnded,
+    Envelope,
+    JobEnd,
+    JobSpec,
+    JobStart,
+    Probe,
+    ProbeReply,
+    Release,
+    Request,
+    Reserve,
+    RunJobTask,
+    StartDriver,
+    StopPool,
+    Unreserve,
+    YieldJob,
+)
+from canary.program import Program
+from canary.sched.hfsp import FifoJobs, HfspJobs
+from canary.sched.queues import QUEUE_POLICIES, Item, PriorityQueue, WeightedFairQueue
+from canary.worker.config import WorkerConfig
+from canary.worker.state import WorkerState
+
+__all__ = ["JobQueue", "JobsWorker", "instance_bound"]
+
+_NO_LIMIT = 1 << 62  # a job's task count as the job-level policies see it: not known ahead
+_RESERVATION = "reservation"
+
+
+def instance_bound(ops: Sequence[tuple[Any, ...]], unbounded_while: int = 100) -> int:
+    """An upper bound on the stage instances a program's ``ops`` emit: loops at their bounds,
+    both branches of an ``if``, a ``while`` with no ``max_iter`` counted ``unbounded_while``
+    times. Used only to turn a job's measured seconds per instance into a size estimate."""
+
+    def count(lo: int, hi: int) -> int:
+        n, pc = 0, lo
+        while pc < hi:
+            op = ops[pc]
+            kind = op[0]
+            if kind == "stage":
+                n += 1
+                pc += 1
+            elif kind == "for":
+                n += int(op[1]) * count(pc + 1, op[2] - 1)
+                pc = op[2]
+            elif kind == "while":
+                iters = op[2] if op[2] >= 0 else unbounded_while
+                n += iters * (1 + count(pc + 1, op[3] - 1)) + 1
+                pc = op[3]
+            elif kind == "if":
+                n += 1
+                pc += 1
+            else:  # push, next, jump, end: no instance (a jump's else branch is counted too)
+                pc += 1
+        return n
+
+    return max(count(0, len(ops)), 1)
+
+
+class JobQueue:
+    """Which job's ready unit (a task, or a reservation) a worker serves next.
+
+    Keys are job ids for tasks and ``-job`` for a job's reservation. Each key is registered
+    with :meth:`add_job` and dropped with :meth:`remove_job`; :meth:`push` queues one unit,
+    :meth:`pop` returns the next ``(key, unit)`` the policy picks (None when empty), and every
+    popped unit must be :meth:`finished` with the seconds it ran. The policies are the objects
+    of :mod:`canary.sched`, the simulator's:
+
+    * ``fifo``: :class:`~canary.sched.hfsp.FifoJobs`, jobs in the order they arrived here;
+    * ``priority``: :class:`~canary.sched.queues.PriorityQueue`, strict levels (0 first),
+      first come first served within a level;
+    * ``fair``: :class:`~canary.sched.queues.WeightedFairQueue` across users, each unit costing
+      its job's last measured task seconds (so shares are of CPU time), weights per user;
+    * ``hfsp``: :class:`~canary.sched.hfsp.HfspJobs` (size-based with aging). A job starts
+      with estimate 0 (served first: HFSP's training phase) until :meth:`set_estimate`.
+
+    Raises ValueError for an unknown policy name.
+    """
+
+    def __init__(self, policy: str) -> None:
+        if policy not in QUEUE_POLICIES:
+            raise ValueError(f"unknown queue policy {policy!r}; choose from "
+                             f"{', '.join(QUEUE_POLICIES)}")
+        self.policy = policy
+        self._jobs: FifoJobs | HfspJobs | None = None
+        self._items: PriorityQueue | WeightedFairQueue | None = None
+        if policy == "fifo":
+            self._jobs = FifoJobs()
+        elif policy == "hfsp":
+            self._jobs = HfspJobs(capacity=1.0)
+        elif policy == "priority":
+            self._items = PriorityQueue()
+        else:
+            self._items = WeightedFairQueue()
+        self._units: dict[int, deque[Any]] = {}
+        self._meta: dict[int, tuple[int, int]] = {}  # key -> (user, priority)
+        self._cost: dict[int, float] = {}  # key -> seconds its last unit took (fair)
+        self._running: dict[int, int] = {}  # key -> popped units not yet finished
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._meta
+
+    def add_job(self, key: int, user: int, priority: int, weight: float, now: float) -> None:
+        """Register ``key`` (ValueError if already there or the weight is not > 0)."""
+        if key in self._meta:
+            raise ValueError(f"job key {key} is already queued here")
+        if not weight > 0:
+            raise ValueError(f"a job's weight must be > 0, got {weight}")
+        self._meta[key] = (user, priority)
+        self._units[key] = deque()
+        self._running[key] = 0
+        if self._jobs is not None:
+            self._jobs.add_job(key, _NO_LIMIT, now, estimate=0.0 if self.policy == "hfsp"
+                               else None, pending=0)
+        elif isinstance(self._items, WeightedFairQueue):
+            self._items.weights[user] = weight
+
+    def push(self, key: int, unit: Any, now: float) -> None:
+        self._units[key].append(unit)
+        self._n += 1
+        if self._jobs is not None:
+            self._jobs.add_tasks(key)
+        else:
+            assert self._items is not None
+            user, priority = self._meta[key]
+            self._items.push(Item(key, user, priority, self._cost.get(key, 1e-3)), now)
+
+    def pop(self, now: float) -> tuple[int, Any] | None:
+        if not self._n:
+            return None
+        if self._jobs is not None:
+            key = self._jobs.dispatch(now)
+            assert key is not None
+        else:
+            assert self._items is not None
+            item = self._items.pop(now)
+            assert item is not None
+            key = item.job
+        self._n -= 1
+        self._running[key] += 1
+        return key, self._units[key].popleft()
+
+    def finished(self, key: int, seconds: float, now: float) -> None:
+        """A popped unit of ``key`` ran ``seconds`` (nothing if ``key`` was removed since)."""
+        if key not in self._meta:
+            return
+        self._running[key] -= 1
+        self._cost[key] = max(seconds, 1e-6)
+        if self._jobs is not None:
+            self._jobs.task_finished(key, now, seconds)
+
+    def set_estimate(self, key: int, remaining: float, now: float) -> None:
+        """HFSP: the job's remaining size is now estimated at ``remaining`` seconds (its
+        training is over). Only while none of its units is running; other policies ignore it."""
+        if not isinstance(self._jobs, HfspJobs) or key not in self._meta:
+            return
+        assert self._running[key] == 0, "re-estimating a job with a unit running"
+        pending = len(self._units[key])
+        self._jobs.remove_job(key)
+        self._jobs.add_job(key, _NO_LIMIT, now, estimate=max(remaining, 0.0), pending=pending)
+
+    def remove_job(self, key: int) -> list[Any]:
+        """Forget ``key``; return its queued units (nothing if it was not here)."""
+        if key not in self._meta:
+            return []
+        del self._meta[key]
+        self._running.pop(key)
+        self._cost.pop(key, None)
+        units = list(self._units.pop(key))
+        self._n -= len(units)
+        if self._jobs is not None:
+            if key in self._jobs:
+                self._jobs.remove_job(key)
+        elif units:
+            assert self._items is not None
+            # the policy objects have no removal: rebuild without the job's items
+            kept: list[Item] = []
+            while len(self._items):
+                it = self._items.pop(0.0)
+                assert it is not None
+                if it.job != key:
+                    kept.append(it)
+            for it in kept:
+                self._items.push(it, 0.0)
+        return units
+
+
+@dataclass
+class _Job:
+    job: int
+    index: int
+    ranks: tuple[int, ...]
+    spec: JobSpec
+    state: WorkerState | None = None
+    inbox: list[Any] = field(default_factory=list)  # its messages before the driver declared
+    seconds: float = 0.0  # task seconds spent here
+    units: int = 0
+    bound: int = 1  # stage instances at most (HFSP's size estimate)
+    trained: bool = False
+    broken: bool = False  # its state failed here: wait for the end
+
+
+class JobsWorker:
+    """Pool worker ``worker`` of ``n_workers``, sharing its core among jobs under ``policy``.
+
+    Events: :class:`Reserve`, :class:`Unreserve`, :class:`Probe`, :class:`JobStart`,
+    :class:`JobEnd`, :class:`StopPool`, ``Envelope(job, message)`` (a job's message from
+    another rank, or its ``TaskDone``/``TaskFailed``/``Resume`` here), :class:`Declared` and
+    :class:`DriverEnded` (local: the driver on this rank). Instructions: ``Send(pool rank,
+    message)``, :class:`StartDriver`, :class:`RunJobTask` (at most one outstanding),
+    :class:`YieldJob`, :class:`Release`, and ``StopPool`` itself when the pool ends.
+
+    Guarantees: a job's events reach only its own state; a job's messages that arrive before
+    its driver declared wait for it; messages of a job no longer here are dropped; a job whose
+    state raises is reported to rank 0 (:class:`DriverEnded`) and runs nothing more.
+    """
+
+    def __init__(self, worker: int, n_workers: int, policy: str = "fair",
+                 config: WorkerConfig | None = None, train_tasks: int = 5) -> None:
+        self.worker = worker
+        self.n_workers = n_workers
+        self.queue = JobQueue(policy)
+        self.config = config or WorkerConfig()
+        self.train_tasks = train_tasks
+        self.jobs: dict[int, _Job] = {}
+        self.reserved: set[int] = set()  # jobs with a reservation queued or asked for
+        self.running: tuple[int, Any] | None = None  # (key, unit) handed out
+        self.users: dict[str, int] = {}
+        self.sizes: list[float] = []  # seconds of the jobs that ended here (HFSP's prior)
+        self.stopped = False
+        self._eid = 0
+        self._cause = 0
+        self._now = 0.0
+
+    # ------------------------------------------------------------------ public
+    def handle(self, event: Any, now: float = 0.0) -> list[Any]:
+        """Apply one event at time ``now``; return the instructions (see the class)."""
+        out: list[Any] = []
+        self._cause = event.eid
+        self._now = now
+        kind = type(event)
+        if kind is Envelope:
+            self._on_envelope(event, now, out)
+        elif kind is Reserve:
+            self._on_reserve(event, now)
+        elif kind is Unreserve:
+            self.queue.remove_job(-event.job)
+            self.reserved.discard(event.job)
+        elif kind is Probe:
+            out.append(Send(CONTROLLER, ProbeReply(self._next_eid(), event.job, self.worker,
+                                                   self.load), self._cause))
+        elif kind is JobStart:
+            self._on_start(event, now, out)
+        elif kind is Declared:
+            self._on_declared(event, out)
+        elif kind is JobEnd:
+            self._end(event.job, event.reason, out)
+        elif kind is DriverEnded:
+            j = self.jobs.get(event.job)
+            if j is not None:  # the driver here gave up while the job goes on: say so
+                self._broken(j, event.message, out)
+        elif kind is StopPool:
+            self.stopped = True
+            out.append(event)
+        else:
+            raise TypeError(f"a pool worker cannot handle {event!r}")
+        self._next(now, out)
+        return out
+
+    @property
+    def load(self) -> int:
+        """What a probe reads: jobs running here plus reservations waiting here."""
+        return len(self.jobs) + len(self.reserved)
+
+    def state_of(self, job: int) -> WorkerState | None:
+        """The job's state here; None once the job ended here (a task of it handed out
+        before its end must then not run)."""
+        j = self.jobs.get(job)
+        return None if j is None else j.state
+
+    def user_id(self, user: str) -> int:
+        return self.users.setdefault(user, len(self.users))
+
+    # ------------------------------------------------------------------ events
+    def _on_reserve(self, ev: Reserve, now: float) -> None:
+        spec = ev.spec
+        if ev.job in self.reserved or ev.job in self.jobs:
+            return  # one reservation per job and worker is enough: the job runs here once
+        self.reserved.add(ev.job)
+        self.queue.add_job(-ev.job, self.user_id(spec.user), spec.priority, spec.weight, now)
+        self.queue.push(-ev.job, _RESERVATION, now)
+
+    def _on_start(self, ev: JobStart, now: float, out: list[Any]) -> None:
+        self.reserved.discard(ev.job)
+        self.queue.remove_job(-ev.job)
+        spec = ev.spec
+        self.jobs[ev.job] = _Job(ev.job, ev.index, ev.ranks, spec)
+        self.queue.add_job(ev.job, self.user_id(spec.user), spec.priority, spec.weight, now)
+        out.append(StartDriver(ev.job, ev.index + 1, len(ev.ranks) + 1, spec, self._cause))
+
+    def _on_declared(self, ev: Declared, out: list[Any]) -> None:
+        j = self.jobs.get(ev.job)
+        if j is None or j.state is not None or j.broken:
+            return  # ended meanwhile (its driver is released), or declared twice
+        program: Program = ev.program
+        try:
+            j.state = WorkerState(program, j.index, len(j.ranks), self.config)
+            j.bound = instance_bound(j.state.program.ops)
+            self._apply(j, j.state.start(), out)
+            inbox, j.inbox = j.inbox, []
+            for msg in inbox:
+                if j.state is None or j.broken:
+                    break
+                self._apply(j, j.state.handle(msg), out)
+        except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
+            self._broken(j, f"worker {self.worker}: {type(exc).__name__}: {exc}", out)
+
+    def _on_envelope(self, ev: Envelope, now: float, out: list[Any]) -> None:
+        msg = ev.message
+        kind = type(msg)
+        if kind is TaskDone or kind is TaskFailed:
+            self._task_finished(ev.job, msg, now)
+        j = self.jobs.get(ev.job)
+        if j is None or j.broken:
+            return  # a job that ended here: its late messages and task have nowhere to go
+        if kind is Shutdown:
+            self._end(ev.job, None, out)
+            return
+        if kind is Abort:
+            self._end(ev.job, msg.reason, out)
+            return
+        if j.state is None:
+            j.inbox.append(msg)
+            return
+        try:
+            self._apply(j, j.state.handle(msg), out)
+        except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
+            self._broken(j, f"worker {self.worker}: {type(exc).__name__}: {exc}", out)
+            return
+        if kind is TaskDone and self.queue.policy == "hfsp" and not j.trained:
+            self._train(j, now)
+
+    def _task_finished(self, job: int, msg: Any, now: float) -> None:
+        if self.running is not None and self.running[0] == job:
+            self.running = None
+        seconds = getattr(msg, "seconds", None) or 0.0
+        self.queue.finished(job, seconds, now)
+        j = self.jobs.get(job)
+        if j is not None:
+            j.seconds += seconds
+            j.units += 1
+
+    def _train(self, j: _Job, now: float) -> None:
+        """HFSP's training phase: after the job's first ``train_tasks`` tasks here, its size is
+        its seconds per retired stage instance times its instance bound."""
+        st = j.state
+        assert st is not None
+        retired = min(st.live) if st.live else st.seq
+        if j.units < self.train_tasks or retired < 1:
+            return
+        j.trained = True
+        total = j.seconds / retired * j.bound
+        self.queue.set_estimate(j.job, total - j.seconds, now)
+
+    # ------------------------------------------------------------------ helpers
+    def _apply(self, j: _Job, instrs: list[Any], out: list[Any]) -> None:
+        """Carry a job's instructions over to the pool: job ranks become pool ranks, its task
+        waits in the queue, a yield becomes the job's."""
+        for ins in instrs:
+            kind = type(ins)
+            if kind is Send:
+                dest = CONTROLLER if ins.dest == CONTROLLER else j.ranks[ins.dest - 1]
+                out.append(Send(dest, Envelope(j.job, ins.message), ins.cause))
+            elif kind is Yield:
+                out.append(YieldJob(j.job, ins.cause))
+            else:  # RunTask
+                self.queue.push(j.job, ins.task, self._now)
+
+    def _next(self, now: float, out: list[Any]) -> None:
+        """Hand out the next unit the policy picks while the core is free."""
+        while self.running is None and len(self.queue):
+            got = self.queue.pop(now)
+            assert got is not None
+            key, unit = got
+            if key < 0:  # a reservation reached the front: ask for the job
+                self.queue.finished(key, 0.0, now)
+                self.queue.remove_job(key)
+                out.append(Send(CONTROLLER, Request(self._next_eid(), -key, self.worker),
+                                self._cause))
+                continue
+            self.running = (key, unit)
+            out.append(RunJobTask(key, unit, self._cause))
+
+    def _broken(self, j: _Job, message: str, out: list[Any]) -> None:
+        if j.broken:
+            return
+        j.broken = True
+        self.queue.remove_job(j.job)
+        j.state = None
+        out.append(Send(CONTROLLER, DriverEnded(self._next_eid(), j.job, self.worker, message),
+                        self._cause))
+
+    def _end(self, job: int, reason: str | None, out: list[Any]) -> None:
+        j = self.jobs.pop(job, None)
+        self.queue.remove_job(-job)
+        self.reserved.discard(job)
+        if j is None:
+            return
+        self.queue.remove_job(job)
+        if self.running is not None and self.running[0] == job:
+            self.running = None  # its task handed out is not run (or its end is ignored)
+        self.sizes.append(j.seconds)
+        out.append(Release(job, reason, JobAborted, None, self._cause))
+
+    def _next_eid(self) -> int:
+        self._eid += 1
+        return self._eid
