@@ -7,8 +7,10 @@ import os
 import shutil
 import sys
 import sysconfig
+import tempfile
+from pathlib import Path
 
-from canary import launch
+from canary import hosts, launch
 from canary.mpi_runner import BALANCE_ENV
 
 
@@ -75,17 +77,26 @@ def _run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.script):
         print(f"canary run: script not found: {args.script}", file=sys.stderr)
         return 2
-    if args.hostfile and not os.path.exists(args.hostfile):
-        print(f"canary run: hostfile not found: {args.hostfile}", file=sys.stderr)
-        return 2
     mpiexec = find_mpiexec()
     hydra = launch.is_hydra(mpiexec)
-    cmd = mpiexec_command(args.n, args.script, args.args, args.hostfile, mpiexec, hydra)
-    env = mpiexec_env(args.timeout, launch.checkout_root())
-    env[BALANCE_ENV] = args.balance
-    if args.verbose:
-        print("canary run:", _shown(cmd), file=sys.stderr)
-    return launch.supervise(cmd, env, args.n + 1, hydra)
+    try:  # hostfile, Slurm allocation, --ppn: checked and placed in canary.hosts
+        where = hosts.launch_hosts(args.hostfile, args.n, args.ppn, hydra)
+    except hosts.HostError as exc:
+        print(f"canary run: {exc}", file=sys.stderr)
+        return 2
+    for line in where.warnings:
+        print(f"canary run: warning: {line}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="canary-hosts-") as tmp:
+        hostfile = args.hostfile
+        if where.hostfile_text is not None:
+            hostfile = os.path.join(tmp, "hostfile")
+            Path(hostfile).write_text(where.hostfile_text)
+        cmd = mpiexec_command(where.workers, args.script, args.args, hostfile, mpiexec, hydra)
+        env = mpiexec_env(args.timeout, launch.checkout_root())
+        env[BALANCE_ENV] = args.balance
+        if args.verbose:
+            print("canary run:", _shown(cmd), file=sys.stderr)
+        return launch.supervise(cmd, env, where.workers + 1, hydra)
 
 
 RUN_HELP = """\
@@ -122,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a driver on N workers + 1 controller under mpiexec",
                        description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("-n", type=int, default=2, help="number of workers (plus one controller rank)")
-    r.add_argument("-f", "--hostfile", default=None, help="MPI hostfile for multi-host runs")
+    r.add_argument("-n", type=int, default=None, help="number of workers (plus one controller "
+                   "rank; default 2, or what the hostfile or Slurm allocation holds minus 1)")
+    r.add_argument("-f", "--hostfile", default=None, help="MPI hostfile for multi-host runs "
+                   "(lines 'host' or 'host:SLOTS'; see docs/cluster.md)")
+    r.add_argument("--ppn", type=int, default=None, help="ranks per host (the controller "
+                   "counts on the first host)")
     r.add_argument("--timeout", type=int, default=None,
                    help="kill the job after this many seconds (sets MPIEXEC_TIMEOUT)")
     r.add_argument("-v", "--verbose", action="store_true", help="print the mpiexec command")
