@@ -1,4 +1,5 @@
-"""The ``canary`` command: ``canary run -n N SCRIPT [ARGS]`` and ``canary simulate ...``."""
+"""The ``canary`` command: ``canary run -n N SCRIPT [ARGS]``, ``canary simulate ...`` and
+``canary doctor [-f HOSTFILE]``."""
 
 from __future__ import annotations
 
@@ -129,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         from canary.sim.cli import main as simulate
 
         return simulate(argv[1:])
+    if argv and argv[0] == "doctor":  # the hosts' check: canary/doctor.py
+        from canary import doctor
+
+        return doctor.main(argv[1:], find_mpiexec(), mpiexec_env(None, launch.checkout_root()))
     ap = argparse.ArgumentParser(prog="canary", description="Canary dataflow engine.")
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a driver on N workers + 1 controller under mpiexec",
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("simulate", help="scheduling simulator (see `canary simulate --help`)")
+    sub.add_parser("doctor", help="check the hosts before a long run (see `canary doctor --help`)")
     args = ap.parse_args(argv)
     try:
         return _run(args)
