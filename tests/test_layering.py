@@ -37,7 +37,7 @@ def modules() -> dict[str, Path]:
 def layer(name: str) -> int:
     if name.startswith(("canary.worker", "canary.controller")):
         return ROLES
-    if name in ("canary.local_runner", "canary.mpi_runner"):
+    if name in ("canary.local_runner", "canary.mpi_runner", "canary.virtual_runner"):
         return RUNNERS
     if name in ("canary", "canary.cli", "canary.script"):
         return PUBLIC
