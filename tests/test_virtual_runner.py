@@ -103,6 +103,10 @@ def test_wire_bytes_count_a_pieces_array_and_its_header() -> None:
     assert wire_bytes(Signal(1, 2, True)) < 100
 
 
+def doubled_task() -> Any:
+    return None  # TaskCost reads only the measured time
+
+
 def test_the_loop_signal_ends_give_one_time_per_iteration_and_scaled_costs_scale_them() -> None:
     got = run_virtual(build(logistic_regression, LR_ARGS, 2), 2, NET, handle_s=0.0,
                       cost=lambda task, m: 2e-3 if task.kind == K_SIGNAL else 1e-3)
@@ -114,6 +118,8 @@ def test_the_loop_signal_ends_give_one_time_per_iteration_and_scaled_costs_scale
         w1.tasks * 1e-3)
     doubled = run_virtual(build(logistic_regression, LR_ARGS, 1), 1, NET, handle_s=0.0,
                           cost=TaskCost(2.0))
-    assert doubled.controller.events == 1 + 8 + 3 + 1  # Hello, reports, final reports, Done
+    # the controller hears Hello, 8 progress reports, the 2 final reports and Done
+    assert doubled.controller.events == 1 + 8 + 2 + 1 and doubled.controller.sent == 1
+    assert TaskCost(2.0)(doubled_task(), 0.25) == 0.5
     with pytest.raises(ValueError, match="bandwidth > 0"):
         Network(1e-6, 0.0)
