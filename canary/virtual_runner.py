@@ -171,7 +171,9 @@ _ARRIVE, _DONE, _WAKE = 0, 1, 2
 def run_virtual(program: Program, workers: int, network: Network,
                 cost: CostModel | None = None, handle_s: float | None = None,
                 config: WorkerConfig | None = None, load_reports: bool = True,
-                validate: bool = False, max_events: int = 100_000_000) -> VirtualResult:
+                validate: bool = False, max_events: int = 100_000_000,
+                on_task: Callable[[int, Task, float, float], None] | None = None
+                ) -> VirtualResult:
     """Run ``program`` on ``workers`` virtual workers over ``network`` (see the module doc).
 
     ``cost(task, measured_s)`` gives a task's virtual seconds (default :class:`TaskCost`\\ ()).
@@ -180,7 +182,8 @@ def run_virtual(program: Program, workers: int, network: Network,
     stretches of fixed size, since virtual durations say nothing about how long a real
     stretch would be). ``load_reports``: workers send the controller a load report every
     ``config.report_s`` virtual seconds, as over MPI (no move policy runs). ``validate``:
-    check every state's invariants and the cross-role one after each event.
+    check every state's invariants and the cross-role one after each event. ``on_task(worker,
+    task, start, end)`` is called for every task run, with its virtual start and end.
 
     Raises :class:`canary.TaskError` if user code fails, RuntimeError if the job stops making
     progress or exceeds ``max_events`` (engine bugs, or a job too large for this run).
@@ -291,6 +294,8 @@ def run_virtual(program: Program, workers: int, network: Network,
                     ev.seconds = took
                 stats[rank].tasks += 1
                 stats[rank].task_s += took
+                if on_task is not None:
+                    on_task(w, task, free_at[rank], free_at[rank] + took)
                 free_at[rank] += took
                 busy[rank] = True
                 push(free_at[rank], _DONE, rank, (task, ev))
