@@ -1,4 +1,5 @@
-"""The ``canary`` command: ``canary run -n N SCRIPT [ARGS]`` and ``canary simulate ...``."""
+"""The ``canary`` command: ``canary run -n N SCRIPT [ARGS]``, ``canary simulate ...`` and
+``canary doctor [-f HOSTFILE]``."""
 
 from __future__ import annotations
 
@@ -8,11 +9,20 @@ import os
 import shutil
 import sys
 import sysconfig
+import tempfile
+from pathlib import Path
 
-from canary import launch
+from canary import hosts, launch
 from canary.driver import RESUME_ENV
 from canary.mpi_runner import BALANCE_ENV, CHECKPOINT_ENV, CHECKPOINT_EVERY_ENV, KEEP_ENV
-from canary.snapshot import SnapshotError, check_same_job, choose, committed, describe
+from canary.snapshot import (
+    Manifest,
+    SnapshotError,
+    check_same_job,
+    choose,
+    committed,
+    describe,
+)
 
 
 def find_mpiexec() -> str:
@@ -97,12 +107,15 @@ def _run(args: argparse.Namespace) -> int:
     if not os.path.exists(script):
         print(f"canary run: script not found: {script}", file=sys.stderr)
         return 2
-    if args.hostfile and not os.path.exists(args.hostfile):
-        print(f"canary run: hostfile not found: {args.hostfile}", file=sys.stderr)
-        return 2
     mpiexec = find_mpiexec()
     hydra = launch.is_hydra(mpiexec)
-    cmd = mpiexec_command(args.n, script, script_args, args.hostfile, mpiexec, hydra)
+    try:  # hostfile, Slurm allocation, --ppn: checked and placed in canary.hosts
+        where = hosts.launch_hosts(args.hostfile, args.n, args.ppn, hydra)
+    except hosts.HostError as exc:
+        print(f"canary run: {exc}", file=sys.stderr)
+        return 2
+    for line in where.warnings:
+        print(f"canary run: warning: {line}", file=sys.stderr)
     env = mpiexec_env(args.timeout, launch.checkout_root())
     env[BALANCE_ENV] = args.balance
     if checkpoint:
@@ -112,19 +125,35 @@ def _run(args: argparse.Namespace) -> int:
         if snap is None and committed(checkpoint):
             print(f"canary: note: {checkpoint} already holds snapshots of an earlier run; this "
                   "run starts afresh (`--resume DIR` continues from them)", file=sys.stderr)
-    if args.verbose:
-        print("canary run:", _shown(cmd), file=sys.stderr)
-    restarts = 0
+    with tempfile.TemporaryDirectory(prefix="canary-hosts-") as tmp:
+        hostfile = args.hostfile
+        if where.hostfile_text is not None:
+            hostfile = os.path.join(tmp, "hostfile")
+            Path(hostfile).write_text(where.hostfile_text)
+        cmd = mpiexec_command(where.workers, script, script_args, hostfile, mpiexec, hydra)
+        if args.verbose:
+            print("canary run:", _shown(cmd), file=sys.stderr)
+        return _supervise_with_restarts(cmd, env, where.workers, hydra, snap, checkpoint,
+                                        args.restarts)
+
+
+def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, hydra: bool,
+                             snap: Manifest | None, checkpoint: str | None,
+                             restarts: int) -> int:
+    """Run the job (from ``snap`` if given); while it ends because a rank died, relaunch it
+    from the newest usable snapshot in ``checkpoint`` (from the start if there is none), at
+    most ``restarts`` times. Returns ``canary run``'s exit status."""
+    done = 0
     while True:
         if snap is not None:
             env[RESUME_ENV] = snap.path
             print(f"canary: resuming from snapshot {snap.id} ({snap.position['where']}, taken "
-                  f"{snap.data['run_seconds']:.0f} s into the run) on {args.n} worker(s)",
+                  f"{snap.data['run_seconds']:.0f} s into the run) on {workers} worker(s)",
                   file=sys.stderr)
-        status, lost = launch.supervise_job(cmd, env, args.n + 1, hydra)
-        if status == 0 or not lost or restarts >= args.restarts:
+        status, lost = launch.supervise_job(cmd, env, workers + 1, hydra)
+        if status == 0 or not lost or done >= restarts or checkpoint is None:
             return status
-        restarts += 1
+        done += 1
         try:
             snap, notes = choose(checkpoint)
         except SnapshotError:
@@ -133,8 +162,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"canary: {note}", file=sys.stderr)
         where = (f"snapshot {snap.id}" if snap is not None
                  else "the beginning (no snapshot was committed)")
-        print(f"canary: restarting the job ({restarts} of {args.restarts}) from {where}",
-              file=sys.stderr)
+        print(f"canary: restarting the job ({done} of {restarts}) from {where}", file=sys.stderr)
         if snap is None:
             env.pop(RESUME_ENV, None)
 
@@ -198,12 +226,20 @@ def main(argv: list[str] | None = None) -> int:
         from canary.pool.cli import main as pool
 
         return pool(argv, find_mpiexec, lambda: mpiexec_env(None, launch.checkout_root()))
+    if argv and argv[0] == "doctor":  # the hosts' check: canary/doctor.py
+        from canary import doctor
+
+        return doctor.main(argv[1:], find_mpiexec(), mpiexec_env(None, launch.checkout_root()))
     ap = argparse.ArgumentParser(prog="canary", description="Canary dataflow engine.")
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a driver on N workers + 1 controller under mpiexec",
                        description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("-n", type=int, default=2, help="number of workers (plus one controller rank)")
-    r.add_argument("-f", "--hostfile", default=None, help="MPI hostfile for multi-host runs")
+    r.add_argument("-n", type=int, default=None, help="number of workers (plus one controller "
+                   "rank; default 2, or what the hostfile or Slurm allocation holds minus 1)")
+    r.add_argument("-f", "--hostfile", default=None, help="MPI hostfile for multi-host runs "
+                   "(lines 'host' or 'host:SLOTS'; see docs/cluster.md)")
+    r.add_argument("--ppn", type=int, default=None, help="ranks per host (the controller "
+                   "counts on the first host)")
     r.add_argument("--timeout", type=int, default=None,
                    help="kill the job after this many seconds (sets MPIEXEC_TIMEOUT)")
     r.add_argument("-v", "--verbose", action="store_true", help="print the mpiexec command")
@@ -225,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("snapshots", help="list the snapshots in a checkpoint directory")
     for name in ("cluster", "submit", "jobs", "logs", "cancel"):  # see canary.pool.cli
         sub.add_parser(name, help=f"a pool shared by jobs (see `canary {name} --help`)")
+    sub.add_parser("doctor", help="check the hosts before a long run (see `canary doctor --help`)")
     args = ap.parse_args(argv)
     if args.restarts < 0 or args.keep < 1 or args.checkpoint_every < 0:
         ap.error("--restarts must be >= 0, --keep >= 1 and --checkpoint-every >= 0")

@@ -104,6 +104,26 @@ def validate_cluster(ctrl: ControllerState, states: list[WorkerState]) -> None:
                 f"worker {owner} holds partition {i} of '{d.name}' at another map version")
 
 
+# The two copies below are what separate processes give each rank for free; they are module
+# functions so that canary.virtual_runner (the same roles in virtual time) makes them alike.
+def deliver_copy(message: Any) -> None:
+    """Give ``message`` its own arrays, as MPI delivers a copy: a later in-place kernel on the
+    sender must not change what the receiver got."""
+    if isinstance(message, (Piece, ReportPart)):
+        message.array = np.array(message.array, copy=True)
+    elif isinstance(message, PieceBatch):
+        for piece in message.pieces:
+            piece.array = np.array(piece.array, copy=True)
+
+
+def own_loaded_values(task: Any, event: Any, workers: int) -> None:
+    """Give a load task's outputs their own memory: each worker process calls the loader in its
+    own memory, so an array a loader keeps and returns to every worker must not be shared by
+    workers in one process."""
+    if workers > 1 and task.kind == K_LOAD and type(event) is TaskDone:
+        event.outputs = tuple(np.array(v, copy=True) for v in event.outputs)
+
+
 def run_local(
     program: Program,
     workers: int = 2,
@@ -175,11 +195,7 @@ def run_local(
 
     def send(src: int, msg: Send) -> None:
         m = msg.message
-        if isinstance(m, (Piece, ReportPart)):  # MPI delivers a copy; so do we
-            m.array = np.array(m.array, copy=True)
-        elif isinstance(m, PieceBatch):
-            for piece in m.pieces:
-                piece.array = np.array(piece.array, copy=True)
+        deliver_copy(m)
         key = (src, msg.dest)
         t = max(now + rng.expovariate(1.0 / mean_delay), last_arrival.get(key, 0.0) + 1e-9)
         last_arrival[key] = t
@@ -194,10 +210,7 @@ def run_local(
                 send(rank, ins)
             elif type(ins) is RunTask:
                 ev = run_task(states[w], ins.task, local_event_id(rank, counter + 1))
-                if workers > 1 and ins.task.kind == K_LOAD and type(ev) is TaskDone:
-                    # each worker process calls the loader in its own memory: an array a loader
-                    # keeps and returns to every worker must not be shared by workers here
-                    ev.outputs = tuple(np.array(v, copy=True) for v in ev.outputs)
+                own_loaded_values(ins.task, ev, workers)
                 push(now + rng.expovariate(1.0 / mean_task), -rank, ev)
             elif type(ins) is WriteSnapshot:
                 assert checkpoint is not None

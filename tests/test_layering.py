@@ -38,8 +38,8 @@ def layer(name: str) -> int:
     if name.startswith(("canary.worker", "canary.controller")):
         return ROLES
     # the pool's runners: its in-process runner and its ranks' MPI shell (canary.pool.*)
-    if name in ("canary.local_runner", "canary.mpi_runner", "canary.pool.local",
-                "canary.pool.host", "canary.pool.transport"):
+    if name in ("canary.local_runner", "canary.mpi_runner", "canary.virtual_runner",
+                "canary.pool.local", "canary.pool.host", "canary.pool.transport"):
         return RUNNERS
     if name in ("canary", "canary.cli", "canary.script"):
         return PUBLIC
@@ -129,4 +129,5 @@ def test_mpi_is_imported_in_the_few_modules_that_talk_to_it() -> None:
     assert importers == {"canary.mpi_transport", "canary.mpi_runner", "canary.script",
                          "canary.ranks", "canary.worker.runtime", "canary.controller.runtime",
                          # a pool's ranks and its job-tagged transport (canary.pool)
-                         "canary.pool.host", "canary.pool.transport"}
+                         "canary.pool.host", "canary.pool.transport",
+                         "canary.doctor"}  # doctor: its ranks time MPI links themselves

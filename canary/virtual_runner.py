@@ -1,0 +1,365 @@
+"""Run a job's real controller and worker state machines in one process, in virtual time, on a
+modelled network: how the job would run on more machines than there are.
+
+Every task really runs (so the answer is the job's real answer, bit for bit the one
+:func:`canary.run` and :func:`canary.run_local` give: the same state machines make the same
+decisions and gathers merge in source order), but the time it takes on the virtual clock comes
+from a **cost model**: by default the seconds it took here (:class:`TaskCost`, scaled by a
+factor), or anything else that maps a task and its measured time to seconds. The roles are
+driven as their MPI runtimes drive them (``canary.worker.runtime``): a worker is one core; it
+takes the messages that have arrived, hands each to its state, runs the one task the state
+hands out, feeds back its ``TaskDone``, and only then looks at messages again. Handling an
+event costs the worker ``handle_s`` seconds (or the time ``handle`` really took here, when
+None): that is the per-worker scheduling work.
+
+**Network model** (:class:`Network`): every rank has its own network interface. A message of
+``b`` bytes (what :mod:`canary.wire` would put on the wire) leaves its sender's interface after
+the messages before it, taking ``b / bandwidth``; it arrives ``latency`` later, and a
+receiver's interface takes in one message at a time (so a reduce's pieces queue at their
+destination, and a broadcast from one worker queues at its source). Messages between one pair
+of ranks arrive in the order sent, as MPI guarantees.
+
+Nothing here reads the wall clock except to measure task and handling times; with a fixed
+``handle_s`` and a cost model that ignores the measured time, the same job gives the same
+virtual times on every run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from canary.controller.state import ControllerState
+from canary.local_runner import deliver_copy, own_loaded_values, validate_cluster
+from canary.messages import (
+    CONTROLLER,
+    Callback,
+    Fail,
+    Finish,
+    ReportPart,
+    Resume,
+    Send,
+    Shutdown,
+    TaskDone,
+    Tick,
+    local_event_id,
+    worker_rank,
+)
+from canary.program import Program
+from canary.result import JobResult
+from canary.wire import pack
+from canary.worker.config import WorkerConfig
+from canary.worker.execute import run_task
+from canary.worker.state import WorkerState
+from canary.worker.tasks import K_SIGNAL, RunTask, Task
+
+
+@dataclass(frozen=True)
+class Network:
+    """One-way ``latency_s`` per message and ``bandwidth_bytes_s`` per rank's interface."""
+
+    latency_s: float
+    bandwidth_bytes_s: float
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.latency_s >= 0 and self.bandwidth_bytes_s > 0):
+            raise ValueError(f"network {self.name!r}: latency must be >= 0 and bandwidth > 0, "
+                             f"got {self.latency_s} s and {self.bandwidth_bytes_s} B/s")
+
+
+@dataclass(frozen=True)
+class TaskCost:
+    """The default cost model: a task takes ``scale`` times the seconds it took here (a
+    ``scale`` of 2 stands for a machine half as fast; a task whose partition stands for
+    ``scale`` times the rows of the one run here takes ``scale`` times as long)."""
+
+    scale: float = 1.0
+
+    def __call__(self, task: Task, measured_s: float) -> float:
+        return measured_s * self.scale
+
+
+CostModel = Callable[[Task, float], float]
+
+
+class Links:
+    """The network's state during a run: when each rank's interface is next free to send and
+    to receive, and the last arrival between each pair of ranks."""
+
+    def __init__(self, network: Network, ranks: int) -> None:
+        self.network = network
+        self.tx_free = [0.0] * ranks
+        self.rx_free = [0.0] * ranks
+        self.last: dict[tuple[int, int], float] = {}
+
+    def arrival(self, src: int, dest: int, at: float, nbytes: int) -> float:
+        """When a message of ``nbytes`` sent by ``src`` at ``at`` has reached ``dest``:
+        ``src``'s interface sends it after what it sent before (``nbytes / bandwidth``), it
+        travels ``latency``, and ``dest``'s interface takes it in after what came before; never
+        before an earlier message of the same pair (MPI's order)."""
+        wire = nbytes / self.network.bandwidth_bytes_s
+        start = max(at, self.tx_free[src])
+        self.tx_free[src] = start + wire
+        arrive = max(start + wire + self.network.latency_s, self.rx_free[dest] + wire,
+                     self.last.get((src, dest), 0.0))
+        self.rx_free[dest] = arrive
+        self.last[(src, dest)] = arrive
+        return arrive
+
+
+def wire_bytes(message: Any) -> int:
+    """The bytes ``message`` puts on the wire: its pickled header and any raw array behind it
+    (as :class:`canary.mpi_transport.MpiTransport` sends it)."""
+    payload, buf = pack(message, 0)
+    return len(pickle.dumps(payload, 5)) + (buf.nbytes if buf is not None else 0)
+
+
+@dataclass
+class RankStats:
+    """What one rank did in virtual time."""
+
+    task_s: float = 0.0  # virtual seconds running tasks
+    handle_s: float = 0.0  # virtual seconds handling events (the scheduling work)
+    events: int = 0  # events handled (messages, tasks done, resumes, ticks)
+    tasks: int = 0  # tasks handed out (a fused stretch counts once)
+    sent: int = 0
+    sent_bytes: int = 0
+    received: int = 0
+    received_bytes: int = 0
+
+
+@dataclass
+class VirtualResult:
+    """A virtual run: the job's :class:`JobResult` (answers and counts, as from
+    :func:`canary.run_local`), when it finished on the virtual clock, the end of each instance
+    of each signal stage (stage name -> virtual end times in instance order), and per-rank
+    figures (index 0: the controller; ``w + 1``: worker ``w``)."""
+
+    job: JobResult
+    seconds: float
+    signal_ends: dict[str, list[float]]
+    ranks: list[RankStats] = field(default_factory=list)
+
+    def iteration_seconds(self, prefix: str = "while_") -> list[float]:
+        """Gaps between consecutive ends of the main loop's signal task (the signal stage
+        named ``prefix...`` with the most instances), as ``canary.trace.iteration_seconds``
+        reads them from a real run's trace; [] if there is none."""
+        loops = [v for k, v in self.signal_ends.items() if k.startswith(prefix)]
+        if not loops:
+            return []
+        ends = max(loops, key=len)
+        return [b - a for a, b in zip(ends, ends[1:])]
+
+    @property
+    def controller(self) -> RankStats:
+        return self.ranks[0]
+
+    @property
+    def workers(self) -> list[RankStats]:
+        return self.ranks[1:]
+
+
+_ARRIVE, _DONE, _WAKE = 0, 1, 2
+
+
+def run_virtual(program: Program, workers: int, network: Network,
+                cost: CostModel | None = None, handle_s: float | None = None,
+                config: WorkerConfig | None = None, load_reports: bool = True,
+                validate: bool = False, max_events: int = 100_000_000,
+                on_task: Callable[[int, Task, float, float], None] | None = None
+                ) -> VirtualResult:
+    """Run ``program`` on ``workers`` virtual workers over ``network`` (see the module doc).
+
+    ``cost(task, measured_s)`` gives a task's virtual seconds (default :class:`TaskCost`\\ ()).
+    ``handle_s``: virtual seconds each event's handling costs a rank (None: the time it took
+    here). ``config``: the workers' :class:`WorkerConfig` (default: the defaults, with fused
+    stretches of fixed size, since virtual durations say nothing about how long a real
+    stretch would be). ``load_reports``: workers send the controller a load report every
+    ``config.report_s`` virtual seconds, as over MPI (no move policy runs). ``validate``:
+    check every state's invariants and the cross-role one after each event. ``on_task(worker,
+    task, start, end)`` is called for every task run, with its virtual start and end.
+
+    Raises :class:`canary.TaskError` if user code fails, RuntimeError if the job stops making
+    progress or exceeds ``max_events`` (engine bugs, or a job too large for this run).
+    """
+    program.finalize()
+    cost = cost or TaskCost()
+    config = replace(config or WorkerConfig(), adapt_fused=False)
+    ctrl = ControllerState(program, workers, None, stall_s=float("inf"))
+    states = [WorkerState(program, w, workers, config) for w in range(workers)]
+    nranks = workers + 1
+    stats = [RankStats() for _ in range(nranks)]
+    inbox: list[deque[Any]] = [deque() for _ in range(nranks)]
+    free_at = [0.0] * nranks  # when each rank is next free
+    busy = [False] * nranks  # a task is running, or a wake-up is scheduled
+    pending: list[Task | None] = [None] * nranks  # the task the state handed out
+    resume = [False] * nranks
+    links = Links(network, nranks)
+    idle_since = [0.0] * nranks
+    idle = [0.0] * nranks
+    next_report = [config.report_s] * nranks
+    signal_ends: dict[str, dict[int, float]] = {}
+    heap: list[tuple[float, int, int, int, Any]] = []
+    counter = 0
+    outcome: list[Any] = []
+    t0 = time.perf_counter()
+
+    ids = [0] * nranks
+
+    def next_id(rank: int) -> int:
+        ids[rank] += 1
+        return local_event_id(rank, ids[rank])
+
+    def push(t: float, kind: int, rank: int, item: Any) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(heap, (t, counter, kind, rank, item))
+
+    def send(src: int, at: float, ins: Send) -> None:
+        msg = ins.message
+        nbytes = wire_bytes(msg)
+        deliver_copy(msg)
+        dest = ins.dest
+        arrive = links.arrival(src, dest, at, nbytes)
+        stats[src].sent += 1
+        stats[src].sent_bytes += nbytes
+        stats[dest].received_bytes += nbytes
+        push(arrive, _ARRIVE, dest, msg)
+
+    def handle(rank: int, event: Any) -> list[Any]:
+        """Feed ``event`` to the rank's state at its ``free_at``, charging the handling."""
+        st = stats[rank]
+        st.events += 1
+        h0 = time.perf_counter()
+        out = ctrl.handle(event) if rank == CONTROLLER else states[rank - 1].handle(event)
+        spent = time.perf_counter() - h0 if handle_s is None else handle_s
+        st.handle_s += spent
+        free_at[rank] += spent
+        return out
+
+    def carry_worker(rank: int, instrs: list[Any]) -> None:
+        for ins in instrs:
+            if type(ins) is Send:
+                send(rank, free_at[rank], ins)
+            elif type(ins) is RunTask:
+                pending[rank] = ins.task
+            else:
+                resume[rank] = True
+
+    def carry_controller(instrs: list[Any]) -> None:
+        for ins in instrs:
+            if isinstance(ins, Send):
+                if not isinstance(ins.message, Shutdown):  # the job ends at Finish
+                    send(CONTROLLER, free_at[CONTROLLER], ins)
+            elif isinstance(ins, Callback):
+                ins.fn(ins.event)
+            elif isinstance(ins, (Finish, Fail)):
+                outcome.append((free_at[CONTROLLER], ins))
+
+    def work(rank: int) -> None:
+        """The rank is free at ``free_at``: take what has arrived, then run the next task
+        (or note that it is idle)."""
+        while True:
+            while inbox[rank]:
+                msg = inbox[rank].popleft()
+                stats[rank].received += 1
+                if rank == CONTROLLER:
+                    if isinstance(msg, ReportPart):
+                        msg.seconds = free_at[rank]  # the report's time on the virtual clock
+                    carry_controller(handle(rank, msg))
+                    continue
+                carry_worker(rank, handle(rank, msg))
+            if rank == CONTROLLER:
+                break
+            w = rank - 1
+            if load_reports and free_at[rank] >= next_report[rank] and not states[w].done_sent:
+                next_report[rank] = free_at[rank] + config.report_s
+                tick = Tick(next_id(rank), free_at[rank], idle[rank])
+                idle[rank] = 0.0
+                carry_worker(rank, handle(rank, tick))
+            if pending[rank] is not None:
+                task, pending[rank] = pending[rank], None
+                assert task is not None
+                ev = run_task(states[w], task, next_id(rank))
+                own_loaded_values(task, ev, workers)
+                measured = ev.seconds if type(ev) is TaskDone and ev.seconds is not None else 0.0
+                took = cost(task, measured)
+                if type(ev) is TaskDone:
+                    ev.seconds = took
+                stats[rank].tasks += 1
+                stats[rank].task_s += took
+                if on_task is not None:
+                    on_task(w, task, free_at[rank], free_at[rank] + took)
+                free_at[rank] += took
+                busy[rank] = True
+                push(free_at[rank], _DONE, rank, (task, ev))
+                return
+            if resume[rank]:
+                resume[rank] = False
+                carry_worker(rank, handle(rank, Resume(next_id(rank))))
+                continue
+            if inbox[rank]:
+                continue
+            break
+        idle_since[rank] = free_at[rank]
+
+    for w, st in enumerate(states):
+        carry_worker(worker_rank(w), st.start())
+        work(worker_rank(w))
+    events = 0
+    while heap and not outcome:
+        now, _, kind, rank, item = heapq.heappop(heap)
+        events += 1
+        if events > max_events:
+            raise RuntimeError(f"run_virtual: more than {max_events} events; raise max_events")
+        if kind == _ARRIVE:
+            inbox[rank].append(item)
+            if busy[rank]:
+                continue  # seen when the running task is done
+            if free_at[rank] < now:
+                idle[rank] += now - max(idle_since[rank], free_at[rank])
+                free_at[rank] = now
+            if free_at[rank] > now:  # still handling earlier events: look when it is free
+                busy[rank] = True
+                push(free_at[rank], _WAKE, rank, None)
+                continue
+            work(rank)
+        elif kind == _WAKE:
+            busy[rank] = False
+            work(rank)
+        else:
+            busy[rank] = False
+            task, ev = item
+            if task.kind == K_SIGNAL and type(ev) is TaskDone:
+                ends = signal_ends.setdefault(task.stage.name, {})
+                ends[task.seq] = max(ends.get(task.seq, 0.0), now)
+            carry_worker(rank, handle(rank, ev))
+            work(rank)
+        if validate:
+            for s in states:
+                s.validate_state()
+            ctrl.validate_state()
+            validate_cluster(ctrl, states)
+    if not outcome:
+        raise RuntimeError("run_virtual: the job stopped making progress (an engine bug): "
+                           + "; ".join(f"worker {s.worker}: pc {s.pc}, seq {s.seq}, "
+                                       f"{len(s.tasks)} task(s), done {s.done_sent}"
+                                       for s in states))
+    end, last = outcome[0]
+    if isinstance(last, Fail):
+        raise last.error(last.reason)
+    worker_sent: dict[str, int] = {}
+    for s in states:
+        for k, v in s.sent.items():
+            worker_sent[k] = worker_sent.get(k, 0) + v
+    job = JobResult(ctrl.results, ctrl.tasks_run, workers, time.perf_counter() - t0,
+                    dict(ctrl.received), dict(ctrl.sent), 0.0, worker_sent, ctrl.migrations,
+                    ctrl.bytes_migrated)
+    return VirtualResult(job, end, {k: [v[s] for s in sorted(v)]
+                                    for k, v in signal_ends.items()}, stats)
