@@ -18,14 +18,15 @@ from tests.conftest import ROOT
 
 TIMEOUT = 240  # MPIEXEC_TIMEOUT of each launch; the subprocesses get more
 
-# Each job runs for a few seconds after its first snapshot, so the kill lands mid-run; the
-# partition counts are explicit, so that every worker count declares the same program.
+# Each job runs for a second or more after its first snapshot (0.1 s in), so the kill lands
+# mid-run; the partition counts are explicit, so that every worker count declares the same
+# program.
 APPS = {
     "logistic_regression": ["apps/logistic_regression.py", "--generate", "20000,10",
                             "--max-iter", "2500", "--tol", "1e-300", "--partitions", "4"],
-    "kmeans": ["apps/kmeans.py", "--generate", "60000,4,12", "--max-iter", "300", "--tol", "0",
+    "kmeans": ["apps/kmeans.py", "--generate", "100000,4,12", "--max-iter", "300", "--tol", "0",
                "--partitions", "6"],
-    "pagerank": ["apps/pagerank.py", "--generate", "6000,60000", "--max-iter", "1500",
+    "pagerank": ["apps/pagerank.py", "--generate", "10000,100000", "--max-iter", "1500",
                  "--tol", "1e-300", "--partitions", "4"],
 }
 OUTPUT = {"logistic_regression": "out.npz", "kmeans": "out.npz", "pagerank": "out.txt"}
@@ -37,10 +38,10 @@ def _env(tmp: Path) -> dict[str, str]:
                 PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
 
-def _reference(app: str, tmp_path: Path) -> bytes:
+def _reference(app: str, tmp_path: Path, args: list[str] | None = None) -> bytes:
     """The output of an uninterrupted run (one rank: the in-process runner)."""
     out = tmp_path / f"ref-{OUTPUT[app]}"
-    r = subprocess.run([sys.executable, *APPS[app], "--output", str(out)], cwd=ROOT,
+    r = subprocess.run([sys.executable, *(args or APPS[app]), "--output", str(out)], cwd=ROOT,
                        env=_env(tmp_path / "reftmp"), capture_output=True, text=True,
                        timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
@@ -87,7 +88,7 @@ def test_a_killed_rank_is_restarted_from_the_last_snapshot_with_the_same_answer(
     ref = _reference(app, tmp_path)
     ck = tmp_path / "ck"
     out = tmp_path / OUTPUT[app]
-    proc = _canary_run(["-n", str(workers), "--checkpoint", str(ck), "--checkpoint-every", "0.3",
+    proc = _canary_run(["-n", str(workers), "--checkpoint", str(ck), "--checkpoint-every", "0.1",
                         "--restarts", "1", *APPS[app], "--output", str(out)], tmp_path, "job")
     _wait_for_snapshot(proc, ck)
     os.kill(_pid_of(tmp_path, victim), signal.SIGKILL)
@@ -139,11 +140,12 @@ def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(tmp_path: Pat
 
 def test_a_disk_that_refuses_the_snapshot_fails_the_snapshot_not_the_job(tmp_path: Path) -> None:
     app = "logistic_regression"
-    ref = _reference(app, tmp_path)
+    longer = [a if a != "2500" else "8000" for a in APPS[app]]  # runs past its first snapshot
+    ref = _reference(app, tmp_path, longer)
     ck = tmp_path / "ck"
     out = tmp_path / OUTPUT[app]
     proc = _canary_run(["-n", "2", "--checkpoint", str(ck), "--checkpoint-every", "1.5",
-                        *APPS[app], "--output", str(out)], tmp_path, "job")
+                        *longer, "--output", str(out)], tmp_path, "job")
     # Worker 1's part of the first snapshot goes to a device that is always full (ENOSPC),
     # laid out once the job runs (its first iteration is out: the controller has numbered its
     # snapshots from 1) and long before the first snapshot is due, 1.5 s into the run.
