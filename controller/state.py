@@ -205,6 +205,9 @@ class ControllerState(ControllerSnapshots):
         out: list[Any] = []
         if self.map is None:
             return out
+        if self.snapshot is not None:  # workers writing a large snapshot finish no task meanwhile
+            self._progress_at = [self._now] * self.n_workers
+            return out
         for w in range(self.n_workers):
             quiet = self._now - self._progress_at[w]
             if (w not in self.done and quiet >= self.stall_s

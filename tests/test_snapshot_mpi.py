@@ -78,11 +78,10 @@ def _pid_of(tmp: Path, rank: int) -> int:
     return int(json.loads(starts[0].read_text())["pid"])
 
 
+# every app, at 2 and 3 workers, losing a worker (a different one each time) or the controller
 @pytest.mark.parametrize("app,workers,victim", [
-    ("logistic_regression", 2, 2), ("logistic_regression", 3, 0),
-    ("kmeans", 2, 0), ("kmeans", 3, 3),
-    ("pagerank", 2, 1), ("pagerank", 3, 0),
-])
+    (app, workers, victim) for k, app in enumerate(sorted(APPS)) for workers in (2, 3)
+    for victim in (0, 1 + (k + workers) % workers)])
 def test_a_killed_rank_is_restarted_from_the_last_snapshot_with_the_same_answer(
         app: str, workers: int, victim: int, tmp_path: Path) -> None:
     ref = _reference(app, tmp_path)

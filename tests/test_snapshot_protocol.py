@@ -218,3 +218,20 @@ def test_bad_settings_are_clear() -> None:
         SnapshotConfig("d", keep=0)
     with pytest.raises(ValueError, match="--checkpoint-every must be >= 0"):
         SnapshotConfig("d", every_s=-1)
+
+
+def test_no_worker_is_called_stuck_while_a_snapshot_is_written(tmp_path: Any) -> None:
+    p = counting_program()
+    c = ControllerState(p, 2, stall_s=5.0, checkpoint=SnapshotConfig(str(tmp_path), every_s=10))
+    for w in range(2):
+        c.handle(Hello(next(EIDS), w, p.digest, p.statements()))
+    c.handle(Tick(next(EIDS), 10.0))  # the snapshot starts; no load report comes meanwhile
+    assert [i for i in c.handle(Tick(next(EIDS), 14.9)) if isinstance(i, Progress)] == []
+    c.handle(SnapshotPosition(next(EIDS), 1, 0, 5, False))
+    c.handle(SnapshotPosition(next(EIDS), 1, 1, 5, False))
+    c.handle(written(1, 0, 5))
+    c.handle(written(1, 1, 5))
+    c.handle(SnapshotCommitted(next(EIDS), 1))
+    assert [i for i in c.handle(Tick(next(EIDS), 19.0)) if isinstance(i, Progress)] == []
+    late = [i for i in c.handle(Tick(next(EIDS), 19.95)) if isinstance(i, Progress)]
+    assert len(late) == 2 and "no task finished for 5 s" in late[0].line  # counted from then
