@@ -413,3 +413,11 @@ def test_snapshot_quick_prints_write_overhead_recovery_and_summary() -> None:
     assert summary["summary"] == "snapshot"
     assert summary["write_over_plain"] == write["snapshot_over_plain_throughput"]
     assert summary["write_target_met"] == (write["snapshot_over_plain_throughput"] >= 0.7)
+
+
+def test_ulfm_probe_reports_each_setting_and_whether_any_recovered() -> None:
+    rows = run_bench("ulfm_probe.py", "--timeout", "15")
+    assert [r["setting"] for r in rows[:-1]] == ["plain", "no_cleanup", "ft"]
+    assert rows[-1]["ulfm_works"] == any(r["recovered"] for r in rows[:-1])
+    # what docs/fault-tolerance.md says of the mpich wheel: no setting recovers
+    assert rows[-1]["ulfm_works"] is False
