@@ -601,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
         "controller_messages": result.scheduling_messages,
         "migrations": result.migrations, "bytes_migrated": result.bytes_migrated,
+        "snapshots": result.snapshots, "resumed_from": result.resumed_from,
     }
     print(f"final inertia {summary['inertia']:.12g} after {summary['iterations']} iterations",
           flush=True)

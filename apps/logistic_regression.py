@@ -378,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             100 * result.controller_cpu_seconds / max(result.seconds, 1e-9), 3),
         "controller_messages": result.scheduling_messages,
         "migrations": result.migrations, "bytes_migrated": result.bytes_migrated,
+        "snapshots": result.snapshots, "resumed_from": result.resumed_from,
     }
     print(f"final objective {summary['objective']:.12g}  training accuracy "
           f"{summary['accuracy']:.4f}  after {summary['iterations']} iterations", flush=True)

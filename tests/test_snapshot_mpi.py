@@ -132,7 +132,8 @@ def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(tmp_path: Pat
         r = resume(m)  # SCRIPT and ARGS left out: the recorded ones, --output included
         assert r.returncode == 0, r.stderr
         assert f"resuming from snapshot {rows[-1]['id']}" in r.stderr
-        assert json.loads(r.stdout.strip().splitlines()[-1])["workers"] == m
+        summary = json.loads(r.stdout.strip().splitlines()[-1])
+        assert summary["workers"] == m and summary["resumed_from"] == rows[-1]["id"]
         assert _read(out) == ref, f"resumed on {m} worker(s)"
         out.unlink()
 
