@@ -146,7 +146,7 @@ def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, 
     done = 0
     while True:
         if snap is not None:
-            env[RESUME_ENV] = snap.path
+            env[RESUME_ENV] = os.path.abspath(snap.path)
             print(f"canary: resuming from snapshot {snap.id} ({snap.position['where']}, taken "
                   f"{snap.data['run_seconds']:.0f} s into the run) on {workers} worker(s)",
                   file=sys.stderr)
