@@ -7,10 +7,13 @@ decisions and gathers merge in source order), but the time it takes on the virtu
 from a **cost model**: by default the seconds it took here (:class:`TaskCost`, scaled by a
 factor), or anything else that maps a task and its measured time to seconds. The roles are
 driven as their MPI runtimes drive them (``canary.worker.runtime``): a worker is one core; it
-takes the messages that have arrived, hands each to its state, runs the one task the state
-hands out, feeds back its ``TaskDone``, and only then looks at messages again. Handling an
+polls MPI, hands each message that has arrived to its state, then runs a batch of the tasks
+its state hands out (feeding back each ``TaskDone``), and only then polls again. Handling an
 event costs the worker ``handle_s`` seconds (or the time ``handle`` really took here, when
-None): that is the per-worker scheduling work.
+None): that is the per-worker scheduling work. **Runtime model** (:class:`Runtime`): each
+message costs its sender and its receiver a fixed CPU time, each empty poll a little, tasks
+run in batches sized as the worker runtime sizes them, and an idle rank sees a message only at
+its next poll: at once while it polls hot, else after the sleep of its back-off under way.
 
 **Network model** (:class:`Network`): every rank has its own network interface. A message of
 ``b`` bytes (what :mod:`canary.wire` would put on the wire) leaves its sender's interface after
