@@ -39,13 +39,15 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
 
 import apps.kmeans as km_app  # noqa: E402
 import apps.logistic_regression as lr_app  # noqa: E402
@@ -54,7 +56,7 @@ from benchmarks import apps as bench_apps  # noqa: E402
 from benchmarks import scheduler as bench_sched  # noqa: E402
 from benchmarks.spark_jvm import inner_mean  # noqa: E402
 from canary.sim.central import central_iteration_seconds, crossover_workers  # noqa: E402
-from canary.virtual_runner import Network, TaskCost, VirtualResult, run_virtual  # noqa: E402
+from canary.virtual_runner import Network, Runtime, TaskCost, VirtualResult, run_virtual  # noqa: E402
 from canary.worker.tasks import Task  # noqa: E402
 
 # A 10 GbE cloud network: 10 Gbit/s per instance, and about 100 µs round trip between
@@ -117,6 +119,101 @@ def measure_network(timeout: int) -> Network:
         raise RuntimeError(f"doctor's ranks failed ({r.returncode}):\n{r.stderr[-2000:]}")
     link = next(json.loads(x) for x in r.stdout.splitlines() if '"link"' in x)
     return Network(link["latency_us"] * 1e-6, link["bandwidth_gb_s"] * 1e9, "this_machine")
+
+
+RUNTIME_REPS = 2000
+SLEEPS_S = (2e-5, 4e-5, 8e-5, 1.6e-4, 2.5e-4)  # canary.idle.Backoff's sleeps up to a worker's cap
+
+
+def runtime_ranks(reps: int) -> None:
+    """The rank side of :func:`measure_runtime` (two ranks under mpiexec): ping-pong a signal
+    and a small piece (alternately) through :class:`canary.mpi_transport.MpiTransport`, both
+    ranks polling hot, timing each send, each poll that takes a message in and each that finds
+    nothing; rank 0 also times the round trips and the idle back-off's sleeps, and prints one
+    JSON line."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from canary.idle import tight_timer_slack
+    from canary.messages import Piece, Signal
+    from canary.mpi_transport import MpiTransport
+
+    comm = MPI.COMM_WORLD
+    rank, other = comm.Get_rank(), 1 - comm.Get_rank()
+    tx = MpiTransport(comm)
+    tight_timer_slack()
+    clock = time.perf_counter
+    sends: list[float] = []
+    recvs: list[float] = []
+    rtts: list[float] = []
+    empty_s, empty_n = 0.0, 0
+    arr = np.arange(128, dtype=np.float64)
+
+    def message(i: int) -> Any:
+        return Signal(i, i, True) if i % 2 else Piece(i, i, 1, 0, (0,), (1,), arr)
+
+    def take() -> None:
+        nonlocal empty_s, empty_n
+        while True:
+            a = clock()
+            got = tx.poll()
+            b = clock()
+            if got is not None:
+                recvs.append(b - a)
+                return
+            empty_s += b - a
+            empty_n += 1
+
+    comm.Barrier()
+    for i in range(reps):
+        if rank == 0:
+            a = clock()
+            tx.send(other, message(i))
+            sends.append(clock() - a)
+            take()
+            rtts.append(clock() - a)
+        else:
+            take()
+            a = clock()
+            tx.send(other, message(i))
+            sends.append(clock() - a)
+    tx.flush()
+    both = comm.gather((sends, recvs, empty_s, empty_n), root=0)
+    if rank != 0:
+        return
+    over = []
+    for s in SLEEPS_S:
+        for _ in range(40):
+            a = clock()
+            time.sleep(s)
+            over.append(clock() - a - s)
+    med = statistics.median
+    all_sends = [x for b in both for x in b[0]][reps // 10:]  # the first tenth warms up
+    all_recvs = [x for b in both for x in b[1]][reps // 10:]
+    hop = med(rtts[reps // 10:]) / 2
+    print(json.dumps({"runtime": {
+        "send_us": round(med(all_sends) * 1e6, 2), "recv_us": round(med(all_recvs) * 1e6, 2),
+        "poll_us": round(sum(b[2] for b in both) / max(1, sum(b[3] for b in both)) * 1e6, 3),
+        "oversleep_us": round(med(over) * 1e6, 1), "hop_us": round(hop * 1e6, 2)}}),
+        flush=True)
+
+
+def measure_runtime(timeout: int, quick: bool) -> tuple[Runtime, dict[str, Any]]:
+    """This machine's :class:`Runtime` costs (:func:`runtime_ranks` on two ranks) and the row
+    that reports them (with the one-way hop they add up to, polling hot)."""
+    from canary.cli import find_mpiexec, mpiexec_env
+
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(Path(__file__)),
+           "--runtime-ranks", str(200 if quick else RUNTIME_REPS)]
+    r = subprocess.run(cmd, env=mpiexec_env(timeout, str(ROOT)), capture_output=True, text=True,
+                       timeout=timeout + 30)
+    if r.returncode != 0:
+        raise RuntimeError(f"the runtime's ranks failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    got = next(json.loads(x)["runtime"] for x in r.stdout.splitlines() if '"runtime"' in x)
+    rt = Runtime(send_s=got["send_us"] * 1e-6, recv_s=got["recv_us"] * 1e-6,
+                 poll_s=got["poll_us"] * 1e-6, oversleep_s=max(0.0, got["oversleep_us"] * 1e-6),
+                 name="this_machine")
+    return rt, {"section": "runtime", **got}
 
 
 # -- real runs -----------------------------------------------------------------------------
@@ -185,7 +282,8 @@ def task_rates(workers: list[int], quick: bool, timeout: int) -> list[dict[str, 
 
 def virtual_run(app: str, argv: list[str], workers: int, net: Network, cost: Any = None,
                 extra_args: dict[str, Any] | None = None,
-                tasks: list[tuple[float, float]] | None = None) -> VirtualResult:
+                tasks: list[tuple[float, float]] | None = None,
+                runtime: Runtime | None = None) -> VirtualResult:
     """One virtual run of ``app``; ``tasks``, if given, receives every task's (start, end)."""
     mod = app_module(app)
     args = mod.parse_args(argv)
@@ -193,7 +291,8 @@ def virtual_run(app: str, argv: list[str], workers: int, net: Network, cost: Any
         setattr(args, k, v)
     prog = mod.build(args, workers)[0]
     record = None if tasks is None else (lambda w, task, a, b: tasks.append((a, b)))
-    return run_virtual(prog, workers, net, cost=cost or TaskCost(), on_task=record)
+    return run_virtual(prog, workers, net, cost=cost or TaskCost(), on_task=record,
+                       runtime=runtime)
 
 
 def per_iteration(res: VirtualResult, iterations: int) -> dict[str, Any]:
@@ -212,37 +311,73 @@ def per_iteration(res: VirtualResult, iterations: int) -> dict[str, Any]:
             "virtual_s": round(res.seconds, 6), "wall_s": round(res.job.seconds, 3)}
 
 
-def agreement(real: list[dict[str, Any]], net: Network, tmp: str) -> list[dict[str, Any]]:
-    """The strong-scaling real runs again in virtual time: virtual over real iteration time."""
+def agreement(real: list[dict[str, Any]], quick: bool, timeout: int, net: Network,
+              runtime: Runtime, reps: int, tmp: str) -> list[dict[str, Any]]:
+    """The strong-scaling real runs (``real``), each followed by a virtual run (measured task
+    times, this machine's network and runtime), and ``reps - 1`` more pairs run back to back:
+    the median of each, and virtual over real. A worker spins when idle where the workers fit
+    the cores, as over MPI. The machine's other load slows real and measured tasks alike, so
+    the pairs are run close together."""
+    from canary.idle import workers_fit_cores
+
     rows = []
-    for r in real:
-        if r["mode"] != "strong" or not r["iteration_ms"]:
+    for r0 in real:
+        if r0["mode"] != "strong" or not r0["iteration_ms"]:
             continue
-        app, size, w = r["app"], tuple(r["size"]), r["workers"]
-        argv = app_argv(app, size, r["iterations"], tmp)
-        virtual_run(app, argv, w, net)  # warm-up: kernels loaded and compiled, data cached
-        res = virtual_run(app, argv, w, net)
-        v = inner_mean(res.iteration_seconds()) * 1e3
+        app, size, w, iters = r0["app"], tuple(r0["size"]), r0["workers"], r0["iterations"]
+        argv = app_argv(app, size, iters, tmp)
+        rt = replace(runtime, workers_spin=workers_fit_cores(w + 1))
+        virtual_run(app, argv, w, net, runtime=rt)  # warm-up: kernels compiled, data cached
+        real_ms, virt_ms = [r0["iteration_ms"]], []
+        for rep in range(max(1, reps)):
+            if rep:
+                got = bench_apps.run_canary(app, bench_apps._data(app, size, tmp), w, iters,
+                                            bench_apps._extra(app), timeout, None, None)
+                real_ms.append(got["seconds"] * 1e3)
+            res = virtual_run(app, argv, w, net, runtime=rt)
+            virt_ms.append(inner_mean(res.iteration_seconds()) * 1e3)
+        r, v = statistics.median(real_ms), statistics.median(virt_ms)
         row = {"section": "agreement", "app": app, "workers": w, "size": list(size),
-               "real_ms": r["iteration_ms"], "virtual_ms": round(v, 3),
-               "virtual_over_real": round(v / r["iteration_ms"], 3)}
+               "reps": len(real_ms), "real_ms": round(r, 3), "virtual_ms": round(v, 3),
+               "virtual_over_real": round(v / r, 3),
+               "real_ms_all": [round(x, 3) for x in real_ms],
+               "virtual_ms_all": [round(x, 3) for x in virt_ms],
+               "load_avg": round(os.getloadavg()[0], 2)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
 
 
-def virtual_scaling(workers: list[int], nets: list[Network], quick: bool, rows_per_worker: int,
-                    central_rate: float, tmp: str, pagerank_max: int) -> list[dict[str, Any]]:
+def pagerank_graph(size: tuple[int, ...], tmp: str) -> str:
+    """The R-MAT graph of ``size`` (vertices, edges) as an .npy edge file, generated once.
+
+    A virtual run reads its pieces from it: with ``--generate`` every read chunk regenerates
+    the R-MAT block it lies in (a block is generated whole), and at 1,024 cells that was most
+    of a run's wall time. The graph is the same one."""
+    from canary.generate import rmat_edges
+
+    path = os.path.join(tmp, f"pagerank_{size[0]}_{size[1]}.npy")
+    if not os.path.exists(path):
+        np.save(path, rmat_edges(size[0], size[1], 0))
+    return path
+
+
+def virtual_scaling(workers: list[int], nets: list[Network], runtime: Runtime, quick: bool,
+                    rows_per_worker: int, central_rate: float, tmp: str,
+                    pagerank_max: int, pagerank_local_max: int) -> list[dict[str, Any]]:
     """Logistic regression (the 4M x 20 job, rows scaled) and PageRank at each worker count over
-    each network, each beside the central scheduler's model of the same tasks."""
+    each network (PageRank past ``pagerank_local_max`` workers over the last one only), each
+    beside the central scheduler's model of the same tasks. Every worker is a machine of its
+    own: it polls hot when idle (``runtime.workers_spin``)."""
     out = []
     lr_rows = 20_000 if quick else LR_VIRTUAL_ROWS
     pr_size = QUICK_SIZE["pagerank"] if quick else PR_VIRTUAL
     iters = 4 if quick else 8
+    rt = replace(runtime, workers_spin=True)
     for w in workers:
         for app in ("logistic_regression", "pagerank"):
             if app == "pagerank" and w > pagerank_max:
-                continue  # its set-up exchanges pieces among all cells: minutes at 1,024
+                continue
             if app == "logistic_regression":
                 run_rows = min(lr_rows, rows_per_worker * w)
                 argv = app_argv(app, (run_rows, 20), iters, tmp)
@@ -250,7 +385,8 @@ def virtual_scaling(workers: list[int], nets: list[Network], quick: bool, rows_p
                 extra = None
                 size: list[int] = [lr_rows, 20]
             else:
-                argv = app_argv(app, pr_size, iters, tmp)
+                argv = ["--input", pagerank_graph(pr_size, tmp), "--max-iter", str(iters),
+                        "--print-every", "0", *bench_apps._extra(app)]
                 # one edge cell per worker at least: the smallest square grid with >= w cells
                 g = 1
                 while g * g < w:
@@ -258,10 +394,12 @@ def virtual_scaling(workers: list[int], nets: list[Network], quick: bool, rows_p
                 extra = {"partitions": g * g}
                 cost, size = None, list(pr_size)
             for net in nets:
+                if app == "pagerank" and w > pagerank_local_max and net is not nets[-1]:
+                    continue  # about two minutes a run: the cluster's network only
                 if w == workers[0] and net is nets[0]:
-                    virtual_run(app, argv, w, net, cost, extra)  # warm-up
+                    virtual_run(app, argv, w, net, cost, extra, runtime=rt)  # warm-up
                 spans: list[tuple[float, float]] = []
-                res = virtual_run(app, argv, w, net, cost, extra, spans)
+                res = virtual_run(app, argv, w, net, cost, extra, spans, runtime=rt)
                 row = {"section": "virtual", "app": app, "workers": w, "network": net.name,
                        "size": size, "iterations": iters, **per_iteration(res, iters)}
                 print(json.dumps(row), flush=True)
@@ -359,9 +497,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="real worker counts (default: 1 up to the cores less the controller)")
     ap.add_argument("--hostfile", default=None, help="run the real ranks on these hosts")
     ap.add_argument("--virtual-workers", default="8,64,256,1024")
-    ap.add_argument("--pagerank-max-workers", type=int, default=256,
+    ap.add_argument("--pagerank-max-workers", type=int, default=1 << 20,
                     help="virtual PageRank runs up to this many workers (its set-up grows with "
-                         "the square of the cells)")
+                         "the square of the cells: minutes at 1,024)")
+    ap.add_argument("--pagerank-local-max-workers", type=int, default=256,
+                    help="past this many workers, virtual PageRank runs over the cloud network "
+                         "only")
+    ap.add_argument("--agreement-reps", type=int, default=3,
+                    help="real and virtual runs of each app and worker count, back to back")
     ap.add_argument("--rows-per-worker", type=int, default=2_000,
                     help="logistic regression rows each virtual worker runs for real")
     ap.add_argument("--central-rate", type=float, default=SPARK_TASKS_PER_S,
@@ -381,10 +524,19 @@ def main(argv: list[str] | None = None) -> int:
                                   "virtual_workers": vworkers}}), flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        here = measure_network(args.timeout)
-        for net in (here, CLOUD_10GBE):
+        doctor = measure_network(args.timeout)
+        runtime, runtime_row = measure_runtime(args.timeout, args.quick)
+        rows.append(runtime_row)
+        print(json.dumps(runtime_row), flush=True)
+        # A hop polled hot costs its sender's send, the link and its receiver's receive; the
+        # doctor's ping-pong latency holds both ends' MPI calls, which the runtime charges
+        # already, so the link is what the hop leaves over.
+        link = max(0.0, runtime_row["hop_us"] * 1e-6 - runtime.send_s - runtime.recv_s)
+        here = Network(link, doctor.bandwidth_bytes_s, "this_machine")
+        for net, lat in ((here, doctor.latency_s), (CLOUD_10GBE, CLOUD_10GBE.latency_s)):
             rows.append({"section": "network", "network": net.name,
                          "latency_us": round(net.latency_s * 1e6, 2),
+                         "ping_pong_latency_us": round(lat * 1e6, 2),
                          "bandwidth_gb_s": round(net.bandwidth_bytes_s / 1e9, 3)})
             print(json.dumps(rows[-1]), flush=True)
         real: list[dict[str, Any]] = []
@@ -393,11 +545,12 @@ def main(argv: list[str] | None = None) -> int:
             rows += real
             rows += task_rates(workers, args.quick, args.timeout)
             if not args.hostfile:  # virtual time models this machine's links only
-                rows += agreement(real, here, tmp)
+                rows += agreement(real, args.quick, args.timeout, here, runtime,
+                                  args.agreement_reps, tmp)
         if not args.skip_virtual:
-            rows += virtual_scaling(vworkers, [here, CLOUD_10GBE], args.quick,
+            rows += virtual_scaling(vworkers, [here, CLOUD_10GBE], runtime, args.quick,
                                     args.rows_per_worker, args.central_rate, tmp,
-                                    args.pagerank_max_workers)
+                                    args.pagerank_max_workers, args.pagerank_local_max_workers)
     agree = [r["virtual_over_real"] for r in rows if r["section"] == "agreement"]
     summary: dict[str, Any] = {
         "summary": "scaling",
@@ -424,4 +577,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if "--runtime-ranks" in sys.argv:
+        runtime_ranks(int(sys.argv[sys.argv.index("--runtime-ranks") + 1]))
+        sys.exit(0)
     sys.exit(main())

@@ -150,6 +150,7 @@ class Program:
         self._groups: list[tuple[Dataset, ...]] | None = None
         self._last_if: int | None = None
         self._group_of: dict[int, int] | None = None
+        self._statements: list[str] | None = None
 
     # ----------------------------------------------------------------- datasets
     def dataset(self, name: str, partitions: int = 1) -> Dataset:
@@ -251,7 +252,10 @@ class Program:
             )
         p, q = ins[0].partitions, output.partitions
         tgt = _resolve_targets(targets, p, q, label)
-        sources = tuple(tuple(i for i in range(p) if j in set(tgt[i])) for j in range(q))
+        # one set per source (building one per (source, destination) pair is cubic in the
+        # partitions: minutes for an all-to-all of 1,024)
+        tgt_sets = [set(t) for t in tgt]
+        sources = tuple(tuple(i for i in range(p) if j in tgt_sets[i]) for j in range(q))
         if gather == "replace":
             bad = [j for j in range(q) if len(sources[j]) != 1]
             if bad:
@@ -444,9 +448,12 @@ class Program:
     def statements(self) -> list[str]:
         """The canonical statement list compared across ranks."""
         self.finalize()
-        return [f"dataset {d.name}/{d.partitions}" for d in self.datasets] + [
-            s.describe() for s in self.stages
-        ] + [repr(op) for op in self.ops]
+        if self._statements is None:  # once: a finalized program no longer changes, and every
+            # worker's Hello lists them (each all-to-all stage's targets are hashed in)
+            self._statements = [f"dataset {d.name}/{d.partitions}" for d in self.datasets] + [
+                s.describe() for s in self.stages
+            ] + [repr(op) for op in self.ops]
+        return list(self._statements)
 
     @property
     def digest(self) -> str:

@@ -7,10 +7,13 @@ decisions and gathers merge in source order), but the time it takes on the virtu
 from a **cost model**: by default the seconds it took here (:class:`TaskCost`, scaled by a
 factor), or anything else that maps a task and its measured time to seconds. The roles are
 driven as their MPI runtimes drive them (``canary.worker.runtime``): a worker is one core; it
-takes the messages that have arrived, hands each to its state, runs the one task the state
-hands out, feeds back its ``TaskDone``, and only then looks at messages again. Handling an
+polls MPI, hands each message that has arrived to its state, then runs a batch of the tasks
+its state hands out (feeding back each ``TaskDone``), and only then polls again. Handling an
 event costs the worker ``handle_s`` seconds (or the time ``handle`` really took here, when
-None): that is the per-worker scheduling work.
+None): that is the per-worker scheduling work. **Runtime model** (:class:`Runtime`): each
+message costs its sender and its receiver a fixed CPU time, each empty poll a little, tasks
+run in batches sized as the worker runtime sizes them, and an idle rank sees a message only at
+its next poll: at once while it polls hot, else after the sleep of its back-off under way.
 
 **Network model** (:class:`Network`): every rank has its own network interface. A message of
 ``b`` bytes (what :mod:`canary.wire` would put on the wire) leaves its sender's interface after
@@ -27,12 +30,15 @@ virtual times on every run.
 from __future__ import annotations
 
 import heapq
+import math
 import pickle
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from canary.controller.state import ControllerState
 from canary.local_runner import deliver_copy, own_loaded_values, validate_cluster
@@ -41,10 +47,13 @@ from canary.messages import (
     Callback,
     Fail,
     Finish,
+    LoadReport,
+    Piece,
     ReportPart,
     Resume,
     Send,
     Shutdown,
+    Signal,
     TaskDone,
     Tick,
     local_event_id,
@@ -71,6 +80,98 @@ class Network:
         if not (self.latency_s >= 0 and self.bandwidth_bytes_s > 0):
             raise ValueError(f"network {self.name!r}: latency must be >= 0 and bandwidth > 0, "
                              f"got {self.latency_s} s and {self.bandwidth_bytes_s} B/s")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a rank's MPI runtime costs besides its tasks and its state's handling, and when an
+    idle rank sees a message (``canary.worker.runtime``, ``canary.controller.runtime``,
+    ``canary.idle.Backoff``).
+
+    * ``send_s`` / ``recv_s``: CPU seconds a rank spends per message it sends (encoding,
+      pickling, ``isend``) and per message it takes in (``Iprobe``, ``recv``, decoding);
+    * ``poll_s``: one poll of MPI that finds nothing;
+    * ``task_s``: the runtime's call around each task (its event id, ``run_task``'s checks);
+    * ``oversleep_s``: how much longer than asked an idle rank's sleep lasts (timer slack and
+      the kernel's wake-up);
+    * ``workers_spin``: every worker has a core to itself, so after a batch of tasks it polls
+      hot for ``WorkerConfig.spin_s`` before it sleeps (``canary.idle.workers_fit_cores``);
+    * ``controller_max_sleep_s``: the controller's longest idle sleep;
+    * ``sleeps``: idle ranks back off as below (False: they poll all the time).
+
+    An idle rank polls ``spins`` times back to back (``poll_s`` each), hot for ``spin_s``
+    (workers that spin), then sleeps ``2e-5`` s doubling to its longest sleep, polling between
+    sleeps; a message is seen at the first poll after it arrived. A worker polls MPI only
+    between batches of tasks, as its runtime does: a batch doubles while it lasts under half of
+    ``WorkerConfig.poll_interval_s`` and halves while it lasts longer (at most ``max_batch``).
+
+    The defaults are this machine's, measured by ``python benchmarks/scaling.py`` (section
+    ``runtime``; docs/performance.md#scaling); :data:`IDEAL` costs nothing and sees every
+    message at once.
+    """
+
+    send_s: float = 3.3e-6
+    recv_s: float = 2.4e-6
+    poll_s: float = 1.05e-6
+    task_s: float = 5e-7
+    oversleep_s: float = 1.6e-5
+    workers_spin: bool = True
+    controller_max_sleep_s: float = 1e-2
+    sleeps: bool = True
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for k in ("send_s", "recv_s", "poll_s", "task_s", "oversleep_s", "controller_max_sleep_s"):
+            if not getattr(self, k) >= 0:
+                raise ValueError(f"runtime {self.name!r}: {k} must be >= 0, "
+                                 f"got {getattr(self, k)}")
+
+
+#: A runtime that costs nothing and sees every message the moment it arrives.
+IDEAL = Runtime(0.0, 0.0, 0.0, 0.0, 0.0, True, 0.0, False, "ideal")
+
+# canary.idle.Backoff's shortest sleep, and its quick polls (the worker's and the controller's)
+MIN_SLEEP_S = 2e-5
+WORKER_SPINS, CONTROLLER_SPINS = 200, 20
+
+
+class PollClock:
+    """When an idle rank next polls MPI (``canary.idle.Backoff``, in virtual time): hot until
+    ``hot_until``, then a sleep (doubling to ``max_sleep``, each ``oversleep`` longer than
+    asked) and a poll, over and over."""
+
+    __slots__ = ("hot_until", "at", "sleep", "max_sleep", "oversleep", "poll")
+
+    def __init__(self, max_sleep: float, oversleep: float, poll: float) -> None:
+        self.hot_until = self.at = 0.0
+        self.sleep = MIN_SLEEP_S
+        self.max_sleep = max(max_sleep, MIN_SLEEP_S)
+        self.oversleep = oversleep
+        self.poll = poll
+
+    def reset(self, t: float, hot_s: float) -> None:
+        """The rank had work until ``t``: it polls hot for ``hot_s``, then sleeps from the
+        shortest sleep."""
+        self.hot_until = self.at = t + hot_s
+        self.sleep = MIN_SLEEP_S
+
+    def idle_from(self, t: float) -> None:
+        """The rank polled at ``t``, found nothing, and goes on waiting where its back-off is."""
+        self.at = max(t, self.hot_until)
+
+    def next_poll(self, t: float) -> float:
+        """The first poll at or after ``t`` (``t`` at least the last poll)."""
+        if t <= self.hot_until:
+            return t
+        at, sleep = self.at, self.sleep
+        while at < t and sleep < self.max_sleep:
+            at += sleep + self.oversleep + self.poll
+            sleep = min(sleep * 2, self.max_sleep)
+        if at < t:  # at the longest sleep: whole periods at once
+            period = sleep + self.oversleep + self.poll
+            at += math.ceil((t - at) / period) * period
+        self.at, self.sleep = at, sleep
+        return at
 
 
 @dataclass(frozen=True)
@@ -113,9 +214,24 @@ class Links:
         return arrive
 
 
+_HEADER_BYTES: dict[tuple[type, int, int], int] = {}
+
+
 def wire_bytes(message: Any) -> int:
     """The bytes ``message`` puts on the wire: its pickled header and any raw array behind it
-    (as :class:`canary.mpi_transport.MpiTransport` sends it)."""
+    (as :class:`canary.mpi_transport.MpiTransport` sends it). A piece's or a signal's header is
+    pickled once per kind and shape (its ids change its size by a few bytes at most), since a
+    large virtual run sends millions of them."""
+    t = type(message)
+    arr = message.array if t is Piece else None
+    if t is Signal or (type(arr) is np.ndarray and not arr.dtype.hasobject
+                       and arr.dtype.fields is None):
+        key = (t, -1 if arr is None else arr.ndim, len(message.dsts) if t is Piece else 0)
+        head = _HEADER_BYTES.get(key)
+        if head is None:
+            payload, _ = pack(message, 0)
+            head = _HEADER_BYTES[key] = len(pickle.dumps(payload, 5))
+        return head + (0 if arr is None else arr.nbytes)
     payload, buf = pack(message, 0)
     return len(pickle.dumps(payload, 5)) + (buf.nbytes if buf is not None else 0)
 
@@ -165,6 +281,20 @@ class VirtualResult:
         return self.ranks[1:]
 
 
+def next_batch(batch: int, ran: int, seconds: float, poll_interval_s: float,
+               max_batch: int) -> int:
+    """The worker runtime's next batch size after a batch of ``batch`` that ran ``ran`` tasks
+    in ``seconds``: doubled (to ``max_batch``) if it was full and lasted under half of
+    ``poll_interval_s``, halved (to 1) if full and longer than ``poll_interval_s``; unchanged
+    if the tasks ran out before it was full."""
+    if ran == batch:
+        if seconds < poll_interval_s * 0.5 and batch < max_batch:
+            return batch * 2
+        if seconds > poll_interval_s and batch > 1:
+            return batch // 2
+    return batch
+
+
 _ARRIVE, _DONE, _WAKE = 0, 1, 2
 
 
@@ -172,24 +302,28 @@ def run_virtual(program: Program, workers: int, network: Network,
                 cost: CostModel | None = None, handle_s: float | None = None,
                 config: WorkerConfig | None = None, load_reports: bool = True,
                 validate: bool = False, max_events: int = 100_000_000,
-                on_task: Callable[[int, Task, float, float], None] | None = None
-                ) -> VirtualResult:
+                on_task: Callable[[int, Task, float, float], None] | None = None,
+                runtime: Runtime | None = None) -> VirtualResult:
     """Run ``program`` on ``workers`` virtual workers over ``network`` (see the module doc).
 
-    ``cost(task, measured_s)`` gives a task's virtual seconds (default :class:`TaskCost`\\ ()).
-    ``handle_s``: virtual seconds each event's handling costs a rank (None: the time it took
-    here). ``config``: the workers' :class:`WorkerConfig` (default: the defaults, with fused
-    stretches of fixed size, since virtual durations say nothing about how long a real
-    stretch would be). ``load_reports``: workers send the controller a load report every
-    ``config.report_s`` virtual seconds, as over MPI (no move policy runs). ``validate``:
-    check every state's invariants and the cross-role one after each event. ``on_task(worker,
-    task, start, end)`` is called for every task run, with its virtual start and end.
+    ``cost(task, measured_s)`` gives a task's virtual seconds (default :class:`TaskCost`\\ ()),
+    from the seconds its call took here. ``handle_s``: virtual seconds each event's handling
+    costs a rank (None: the time it took here). ``runtime``: what the ranks' MPI runtimes cost
+    and when an idle rank sees a message (default :class:`Runtime`\\ (), this machine's;
+    :data:`IDEAL`: nothing, at once). ``config``: the workers' :class:`WorkerConfig` (default:
+    the defaults, with fused stretches of fixed size, since virtual durations say nothing about
+    how long a real stretch would be). ``load_reports``: workers send the controller a load
+    report every ``config.report_s`` virtual seconds, as over MPI (no move policy runs).
+    ``validate``: check every state's invariants and the cross-role one after each event.
+    ``on_task(worker, task, start, end)`` is called for every task run, with its virtual start
+    and end.
 
     Raises :class:`canary.TaskError` if user code fails, RuntimeError if the job stops making
     progress or exceeds ``max_events`` (engine bugs, or a job too large for this run).
     """
     program.finalize()
     cost = cost or TaskCost()
+    rt = runtime if runtime is not None else Runtime()
     config = replace(config or WorkerConfig(), adapt_fused=False)
     ctrl = ControllerState(program, workers, None, stall_s=float("inf"))
     states = [WorkerState(program, w, workers, config) for w in range(workers)]
@@ -204,11 +338,28 @@ def run_virtual(program: Program, workers: int, network: Network,
     idle_since = [0.0] * nranks
     idle = [0.0] * nranks
     next_report = [config.report_s] * nranks
+    # the MPI runtime: tasks run in batches with a poll of MPI between them; idle ranks back off
+    batch = [1] * nranks
+    in_batch = [0] * nranks  # tasks run in the current batch
+    batch_start = [0.0] * nranks
+    ran_task = [False] * nranks  # since the rank last went idle (its back-off resets then)
+    clocks = [PollClock(rt.controller_max_sleep_s, rt.oversleep_s, rt.poll_s)] + [
+        PollClock(config.max_sleep_s, rt.oversleep_s, rt.poll_s) for _ in range(workers)]
+    worker_hot = max(WORKER_SPINS * rt.poll_s, config.spin_s if rt.workers_spin else 0.0)
+    controller_hot = CONTROLLER_SPINS * rt.poll_s
+    if not rt.sleeps:
+        worker_hot = controller_hot = math.inf
+    for c in clocks:
+        c.reset(0.0, worker_hot)
+    clocks[CONTROLLER].reset(0.0, controller_hot)
+    poll_interval, max_batch = config.poll_interval_s, config.max_batch
+    send_s, recv_s, poll_s, task_s = rt.send_s, rt.recv_s, rt.poll_s, rt.task_s
     signal_ends: dict[str, dict[int, float]] = {}
     heap: list[tuple[float, int, int, int, Any]] = []
     counter = 0
     outcome: list[Any] = []
     t0 = time.perf_counter()
+    perf_counter = time.perf_counter
 
     ids = [0] * nranks
 
@@ -221,14 +372,16 @@ def run_virtual(program: Program, workers: int, network: Network,
         counter += 1
         heapq.heappush(heap, (t, counter, kind, rank, item))
 
-    def send(src: int, at: float, ins: Send) -> None:
+    def send(src: int, ins: Send) -> None:
         msg = ins.message
         nbytes = wire_bytes(msg)
         deliver_copy(msg)
         dest = ins.dest
-        arrive = links.arrival(src, dest, at, nbytes)
-        stats[src].sent += 1
-        stats[src].sent_bytes += nbytes
+        free_at[src] += send_s
+        arrive = links.arrival(src, dest, free_at[src], nbytes)
+        st = stats[src]
+        st.sent += 1
+        st.sent_bytes += nbytes
         stats[dest].received_bytes += nbytes
         push(arrive, _ARRIVE, dest, msg)
 
@@ -236,9 +389,9 @@ def run_virtual(program: Program, workers: int, network: Network,
         """Feed ``event`` to the rank's state at its ``free_at``, charging the handling."""
         st = stats[rank]
         st.events += 1
-        h0 = time.perf_counter()
+        h0 = perf_counter()
         out = ctrl.handle(event) if rank == CONTROLLER else states[rank - 1].handle(event)
-        spent = time.perf_counter() - h0 if handle_s is None else handle_s
+        spent = perf_counter() - h0 if handle_s is None else handle_s
         st.handle_s += spent
         free_at[rank] += spent
         return out
@@ -246,7 +399,7 @@ def run_virtual(program: Program, workers: int, network: Network,
     def carry_worker(rank: int, instrs: list[Any]) -> None:
         for ins in instrs:
             if type(ins) is Send:
-                send(rank, free_at[rank], ins)
+                send(rank, ins)
             elif type(ins) is RunTask:
                 pending[rank] = ins.task
             else:
@@ -256,25 +409,69 @@ def run_virtual(program: Program, workers: int, network: Network,
         for ins in instrs:
             if isinstance(ins, Send):
                 if not isinstance(ins.message, Shutdown):  # the job ends at Finish
-                    send(CONTROLLER, free_at[CONTROLLER], ins)
+                    send(CONTROLLER, ins)
             elif isinstance(ins, Callback):
                 ins.fn(ins.event)
             elif isinstance(ins, (Finish, Fail)):
                 outcome.append((free_at[CONTROLLER], ins))
 
-    def work(rank: int) -> None:
-        """The rank is free at ``free_at``: take what has arrived, then run the next task
-        (or note that it is idle)."""
-        while True:
-            while inbox[rank]:
-                msg = inbox[rank].popleft()
-                stats[rank].received += 1
-                if rank == CONTROLLER:
-                    if isinstance(msg, ReportPart):
-                        msg.seconds = free_at[rank]  # the report's time on the virtual clock
-                    carry_controller(handle(rank, msg))
-                    continue
+    def drain(rank: int) -> None:
+        """Poll MPI at ``free_at``: take in and handle every message that has arrived, then the
+        poll that finds nothing."""
+        box = inbox[rank]
+        while box:
+            msg = box.popleft()
+            stats[rank].received += 1
+            free_at[rank] += recv_s
+            if rank == CONTROLLER:
+                if isinstance(msg, ReportPart):
+                    msg.seconds = free_at[rank]  # the report's time on the virtual clock
+                carry_controller(handle(rank, msg))
+            else:
                 carry_worker(rank, handle(rank, msg))
+        free_at[rank] += poll_s
+
+    def run_next(rank: int) -> bool:
+        """Go on with the rank's batch: run its next task (True: it is running), or feed its
+        state Resume; False when the batch is over."""
+        while in_batch[rank] < batch[rank] and (pending[rank] is not None or resume[rank]):
+            task = pending[rank]
+            if task is None:
+                resume[rank] = False
+                carry_worker(rank, handle(rank, Resume(next_id(rank))))
+                continue
+            pending[rank] = None
+            in_batch[rank] += 1
+            w = rank - 1
+            ev = run_task(states[w], task, next_id(rank))
+            own_loaded_values(task, ev, workers)
+            # the cost model prices the task's own time; the runtime's call around it is the
+            # same whatever the task stands for
+            took = cost(task, ev.seconds if type(ev) is TaskDone and ev.seconds is not None
+                        else 0.0) + task_s
+            if type(ev) is TaskDone:
+                ev.seconds = took
+            st = stats[rank]
+            st.tasks += 1
+            st.task_s += took
+            if on_task is not None:
+                on_task(w, task, free_at[rank], free_at[rank] + took)
+            free_at[rank] += took
+            busy[rank] = True
+            push(free_at[rank], _DONE, rank, (task, ev))
+            return True
+        return False
+
+    def end_batch(rank: int) -> None:
+        batch[rank] = next_batch(batch[rank], in_batch[rank], free_at[rank] - batch_start[rank],
+                                 poll_interval, max_batch)
+        in_batch[rank] = 0
+
+    def work(rank: int) -> None:
+        """The rank polls MPI at ``free_at``: take what has arrived, then start a batch of
+        tasks (or note that it is idle)."""
+        while True:
+            drain(rank)
             if rank == CONTROLLER:
                 break
             w = rank - 1
@@ -283,35 +480,28 @@ def run_virtual(program: Program, workers: int, network: Network,
                 tick = Tick(next_id(rank), free_at[rank], idle[rank])
                 idle[rank] = 0.0
                 carry_worker(rank, handle(rank, tick))
-            if pending[rank] is not None:
-                task, pending[rank] = pending[rank], None
-                assert task is not None
-                ev = run_task(states[w], task, next_id(rank))
-                own_loaded_values(task, ev, workers)
-                measured = ev.seconds if type(ev) is TaskDone and ev.seconds is not None else 0.0
-                took = cost(task, measured)
-                if type(ev) is TaskDone:
-                    ev.seconds = took
-                stats[rank].tasks += 1
-                stats[rank].task_s += took
-                if on_task is not None:
-                    on_task(w, task, free_at[rank], free_at[rank] + took)
-                free_at[rank] += took
-                busy[rank] = True
-                push(free_at[rank], _DONE, rank, (task, ev))
-                return
-            if resume[rank]:
-                resume[rank] = False
-                carry_worker(rank, handle(rank, Resume(next_id(rank))))
+            if pending[rank] is not None or resume[rank]:
+                ran_task[rank] = True
+                batch_start[rank] = free_at[rank]
+                in_batch[rank] = 0
+                if run_next(rank):
+                    return
+                end_batch(rank)
                 continue
             if inbox[rank]:
                 continue
             break
         idle_since[rank] = free_at[rank]
+        if ran_task[rank]:
+            ran_task[rank] = False
+            clocks[rank].reset(free_at[rank], worker_hot)
+        else:
+            clocks[rank].idle_from(free_at[rank])
 
     for w, st in enumerate(states):
-        carry_worker(worker_rank(w), st.start())
-        work(worker_rank(w))
+        rank = worker_rank(w)
+        carry_worker(rank, st.start())
+        work(rank)
     events = 0
     while heap and not outcome:
         now, _, kind, rank, item = heapq.heappop(heap)
@@ -321,11 +511,14 @@ def run_virtual(program: Program, workers: int, network: Network,
         if kind == _ARRIVE:
             inbox[rank].append(item)
             if busy[rank]:
-                continue  # seen when the running task is done
-            if free_at[rank] < now:
-                idle[rank] += now - max(idle_since[rank], free_at[rank])
-                free_at[rank] = now
-            if free_at[rank] > now:  # still handling earlier events: look when it is free
+                continue  # seen at the poll after the running batch or handling
+            if free_at[rank] <= now:  # idle: seen at its next poll
+                wake = clocks[rank].next_poll(now)
+                idle[rank] += wake - max(idle_since[rank], free_at[rank])
+                free_at[rank] = wake
+                if rank == CONTROLLER and not isinstance(item, (ReportPart, LoadReport)):
+                    clocks[rank].reset(wake, controller_hot)  # reports leave it asleep
+            if free_at[rank] > now:  # asleep, or still handling earlier events
                 busy[rank] = True
                 push(free_at[rank], _WAKE, rank, None)
                 continue
@@ -340,6 +533,9 @@ def run_virtual(program: Program, workers: int, network: Network,
                 ends = signal_ends.setdefault(task.stage.name, {})
                 ends[task.seq] = max(ends.get(task.seq, 0.0), now)
             carry_worker(rank, handle(rank, ev))
+            if run_next(rank):
+                continue
+            end_batch(rank)
             work(rank)
         if validate:
             for s in states:

@@ -47,7 +47,8 @@ def test_each_stage_waits_for_the_last_task_of_the_one_before() -> None:
 
 def test_the_benchmark_runs_every_section_at_tiny_sizes(tmp_path: object) -> None:
     r = subprocess.run([sys.executable, "benchmarks/scaling.py", "--quick", "--workers", "1,2",
-                        "--virtual-workers", "2,4", "--timeout", "120"],
+                        "--virtual-workers", "2,4", "--timeout", "120",
+                        "--agreement-reps", "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in r.stdout.splitlines()]

@@ -4,6 +4,8 @@ times follow from its parameters."""
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,19 @@ import pytest
 
 import canary
 from apps import kmeans, logistic_regression, pagerank
-from canary.virtual_runner import Links, Network, TaskCost, VirtualResult, run_virtual, wire_bytes
+from canary.virtual_runner import (
+    IDEAL,
+    Links,
+    Network,
+    PollClock,
+    Runtime,
+    TaskCost,
+    VirtualResult,
+    next_batch,
+    run_virtual,
+    wire_bytes,
+)
+from canary.worker.config import WorkerConfig
 from canary.worker.tasks import K_SIGNAL
 from tests.conftest import mpirun
 
@@ -69,7 +83,7 @@ def fixed(seconds: float = 1e-3) -> Any:
 
 def lr_virtual(workers: int, net: Network, **kw: Any) -> VirtualResult:
     return run_virtual(build(logistic_regression, LR_ARGS, workers), workers, net,
-                       cost=fixed(), handle_s=0.0, load_reports=False, **kw)
+                       cost=fixed(), handle_s=0.0, load_reports=False, **{"runtime": IDEAL, **kw})
 
 
 def test_with_fixed_costs_virtual_times_repeat_exactly_and_follow_latency_in_whole_hops() -> None:
@@ -109,7 +123,7 @@ def doubled_task() -> Any:
 
 def test_the_loop_signal_ends_give_one_time_per_iteration_and_scaled_costs_scale_them() -> None:
     got = run_virtual(build(logistic_regression, LR_ARGS, 2), 2, NET, handle_s=0.0,
-                      cost=lambda task, m: 2e-3 if task.kind == K_SIGNAL else 1e-3)
+                      cost=lambda task, m: 2e-3 if task.kind == K_SIGNAL else 1e-3, runtime=IDEAL)
     loop = [k for k in got.signal_ends if k.startswith("while_")]
     assert len(loop) == 1 and len(got.signal_ends[loop[0]]) == 8
     # worker 0 holds the loop's test: its 8 signal tasks cost 1 ms more each
@@ -117,9 +131,58 @@ def test_the_loop_signal_ends_give_one_time_per_iteration_and_scaled_costs_scale
     assert w0.task_s == pytest.approx(w0.tasks * 1e-3 + 8e-3) and w1.task_s == pytest.approx(
         w1.tasks * 1e-3)
     doubled = run_virtual(build(logistic_regression, LR_ARGS, 1), 1, NET, handle_s=0.0,
-                          cost=TaskCost(2.0))
+                          cost=TaskCost(2.0), runtime=IDEAL)
     # the controller hears Hello, 8 progress reports, the 2 final reports and Done
     assert doubled.controller.events == 1 + 8 + 2 + 1 and doubled.controller.sent == 1
     assert TaskCost(2.0)(doubled_task(), 0.25) == 0.5
     with pytest.raises(ValueError, match="bandwidth > 0"):
         Network(1e-6, 0.0)
+
+
+def test_each_message_on_the_loops_path_costs_its_sender_and_receiver_their_runtime_costs() -> None:
+    base = lr_virtual(2, Network(1.0, 1e9)).iteration_seconds()
+    # A loop's path: worker 0 sends the loop's signal and then the weights to worker 1 (which
+    # takes in both), and worker 1 sends its gradient piece back (which worker 0 takes in):
+    # 3 sends and 3 receives, every iteration alike
+    for send_s, recv_s, extra in ((0.25, 0.0, 0.75), (0.0, 0.25, 0.75)):
+        rt = replace(IDEAL, send_s=send_s, recv_s=recv_s)
+        loops = lr_virtual(2, Network(1.0, 1e9), runtime=rt).iteration_seconds()
+        assert [t - b for t, b in zip(loops, base)] == pytest.approx([extra] * 7, abs=1e-6)
+
+
+def test_an_idle_rank_sees_a_message_at_its_next_poll_of_the_back_off() -> None:
+    c = PollClock(max_sleep=1e-4, oversleep=1e-5, poll=0.0)
+    c.reset(1.0, hot_s=0.5)
+    assert c.next_poll(1.2) == 1.2  # polling hot
+    # then sleeps of 20, 40, 80 and 100 µs (the cap), each 10 µs longer than asked
+    first = 1.5 + 30e-6
+    assert c.next_poll(1.5 + 1e-6) == pytest.approx(first)
+    assert c.next_poll(first + 1e-6) == pytest.approx(first + 50e-6)
+    at = 1.5 + 30e-6 + 50e-6 + 90e-6
+    assert c.next_poll(at - 1e-6) == pytest.approx(at)
+    # at the cap, whole periods of 110 µs
+    assert c.next_poll(at + 1.0) == pytest.approx(at + math.ceil(1.0 / 110e-6) * 110e-6)
+    c.idle_from(at + 2.0)  # polled and found nothing: goes on at the cap
+    assert c.next_poll(at + 2.0 + 1e-6) == pytest.approx(at + 2.0 + 110e-6)
+
+
+def test_sleeping_ranks_delay_the_loop_and_spinning_ones_do_not() -> None:
+    slow = Network(0.2, 1e9)  # each hop outlasts the hot poll, so the receiver sleeps
+    ideal = lr_virtual(2, slow).iteration_seconds()[-1]
+    hot = lr_virtual(2, slow, runtime=replace(IDEAL, sleeps=True, workers_spin=True),
+                     config=WorkerConfig(spin_s=1.0)).iteration_seconds()[-1]
+    asleep = lr_virtual(2, slow, runtime=replace(IDEAL, sleeps=True, oversleep_s=1e-3),
+                        config=WorkerConfig(spin_s=0.0)).iteration_seconds()[-1]
+    assert hot == pytest.approx(ideal, abs=1e-12)
+    # each of the 2 hops is seen up to one sleep (the cap plus the oversleep) late
+    assert ideal < asleep <= ideal + 2 * (WorkerConfig().max_sleep_s + 1e-3) + 1e-9
+
+
+def test_a_batch_of_tasks_doubles_while_short_and_halves_while_long() -> None:
+    assert next_batch(4, 4, 1e-5, 5e-5, 64) == 8
+    assert next_batch(64, 64, 1e-5, 5e-5, 64) == 64
+    assert next_batch(4, 4, 1e-4, 5e-5, 64) == 2
+    assert next_batch(4, 3, 1e-5, 5e-5, 64) == 4  # ran out of tasks: says nothing
+    assert next_batch(4, 4, 3e-5, 5e-5, 64) == 4
+    with pytest.raises(ValueError, match="oversleep_s must be >= 0"):
+        Runtime(oversleep_s=-1.0)
