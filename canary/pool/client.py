@@ -129,6 +129,7 @@ def stop(root: str | os.PathLike[str] | None = None, now: bool = False,
     sp = _spool(root)
     pool_info(sp.root)
     sp.stop_file.write_text("now" if now else "wait")
+    sp.wake()
     pid = int((read_json(sp.launcher_file) or {}).get("pid", 0))
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -254,6 +255,7 @@ def cancel(job: int, root: str | os.PathLike[str] | None = None) -> None:
     if st["state"] in (*FINAL_STATES, "lost"):
         raise PoolError(f"job {job} already ended ({st['state']})")
     (sp.folder("cancel") / str(job)).touch()
+    sp.wake()
 
 
 def jobs(root: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
