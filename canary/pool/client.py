@@ -31,6 +31,10 @@ __all__ = ["PoolError", "cancel", "jobs", "logs", "pool_info", "result", "start"
            "stop", "submit", "wait"]
 
 
+# what `canary run --checkpoint/--resume` set for a job's ranks: a pool's jobs never read them
+SNAPSHOT_ENV = ("CANARY_CHECKPOINT", "CANARY_RESUME")
+
+
 class PoolError(CanaryError):
     """A pool request that cannot be carried out; the message says why and what to do."""
 
@@ -79,6 +83,11 @@ def start(workers: int, mpiexec: str, env: Mapping[str, str],
         raise PoolError(f"the probe ratio must be >= 1, got {probe_ratio}")
     if hostfile and not os.path.exists(hostfile):
         raise PoolError(f"hostfile not found: {hostfile}")
+    for name in SNAPSHOT_ENV:
+        if env.get(name, "").strip():
+            raise PoolError(f"{name} is set, but a pool takes no snapshots (its jobs would run "
+                            f"without them): unset {name} to start a pool, and run a job that "
+                            "needs snapshots with `canary run --checkpoint DIR`")
     sp = _spool(root)
     try:
         info = pool_info(sp.root)
