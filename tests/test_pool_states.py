@@ -206,7 +206,7 @@ def test_a_worker_binds_one_job_at_a_time_and_asks_for_the_next_once_it_started(
     from canary.pool.messages import Declared, RunJobTask
 
     w = JobsWorker(0, 2, "fifo")
-    spec = JobSpec()
+    spec = JobSpec(workers=1)
     assert w.handle(Reserve(1, 5, spec)) == [Send(CONTROLLER, Request(1, 5, 0), 1)]
     # job 5 is being asked for: the core is promised to it, so 6 and 7 wait their turn
     assert w.handle(Reserve(2, 6, spec)) == []
@@ -224,6 +224,14 @@ def test_a_worker_binds_one_job_at_a_time_and_asks_for_the_next_once_it_started(
     # started here (its map arrived): job 8 is asked for (FIFO: its reservation came before
     # job 6 was placed here) and job 6's first task runs
     assert out == [Send(CONTROLLER, Request(3, 8, 0), 9), RunJobTask.match(job=6)]
+
+
+def test_a_worker_does_not_wait_for_a_job_on_several_workers() -> None:
+    # two such jobs each waiting on one of two workers would wait for each other for ever
+    w = JobsWorker(0, 2, "fifo")
+    assert w.handle(Reserve(1, 5, JobSpec(workers=2))) == [Send(CONTROLLER, Request(1, 5, 0), 1)]
+    assert w.handle(Reserve(2, 6, JobSpec())) == [Send(CONTROLLER, Request(2, 6, 0), 2)]
+    assert w.binding is None
 
 
 def test_a_jobs_messages_before_its_driver_declared_wait_and_late_ones_are_dropped() -> None:

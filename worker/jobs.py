@@ -13,12 +13,14 @@ One :class:`~canary.worker.state.WorkerState` per job runs that job exactly as u
 * **Placement (Sparrow).** A :class:`~canary.pool.messages.Probe` is answered with the load
   (jobs here plus queued reservations); a :class:`~canary.pool.messages.Reserve` queues a
   reservation item in the same queue as the tasks, and when the policy pops it the worker asks
-  the job's scheduler for the job (:class:`~canary.pool.messages.Request`). The worker binds
-  one job at a time: until the job it asked for is declined, or has started here (its
-  partition map arrived) or ended, a reservation the policy pops waits aside and is queued
-  again afterwards. A job that is starting has no task yet, so the core looks free; without
-  this a worker would ask for every queued reservation at once and take a burst of jobs that
-  another worker, free a moment later, should have had.
+  the job's scheduler for the job (:class:`~canary.pool.messages.Request`). A worker binds
+  one single-worker job at a time: until the one-worker job it asked for is declined, or has
+  started here (its partition map arrived) or ended, a reservation the policy pops waits aside
+  and is queued again afterwards. A job that is starting has no task yet, so the core looks
+  free; without this a worker would ask for every queued reservation at once and take a burst
+  of jobs that another worker, free a moment later, should have had. A job on several workers
+  is not waited for: its scheduler answers only once enough workers asked, and two workers
+  each waiting for a different such job would wait for ever.
 
 Nothing here reads a clock: ``now`` comes with every event (seconds, never decreasing).
 """
@@ -270,7 +272,8 @@ class JobsWorker:
         self.config = config or WorkerConfig()
         self.train_tasks = train_tasks
         self.jobs: dict[int, _Job] = {}
-        self.reserved: set[int] = set()  # jobs with a reservation queued or asked for
+        # jobs with a reservation queued or asked for -> whether the job runs on one worker
+        self.reserved: dict[int, bool] = {}
         self.running: tuple[int, Any] | None = None  # (key, unit) handed out
         self.users: dict[str, int] = {}
         self.binding: int | None = None  # the job asked for, until it started here or not
@@ -293,7 +296,7 @@ class JobsWorker:
             self._on_reserve(event, now)
         elif kind is Unreserve:
             self.queue.remove_job(-event.job)
-            self.reserved.discard(event.job)
+            self.reserved.pop(event.job, None)
             if -event.job in self.deferred:
                 self.deferred.remove(-event.job)
             self._unbind(event.job, now)
@@ -337,12 +340,12 @@ class JobsWorker:
         spec = ev.spec
         if ev.job in self.reserved or ev.job in self.jobs:
             return  # one reservation per job and worker is enough: the job runs here once
-        self.reserved.add(ev.job)
+        self.reserved[ev.job] = spec.workers == 1 or self.n_workers == 1
         self.queue.add_job(-ev.job, self.user_id(spec.user), spec.priority, spec.weight, now)
         self.queue.push(-ev.job, _RESERVATION, now)
 
     def _on_start(self, ev: JobStart, now: float, out: list[Any]) -> None:
-        self.reserved.discard(ev.job)
+        self.reserved.pop(ev.job, None)
         self.queue.remove_job(-ev.job)
         spec = ev.spec
         self.jobs[ev.job] = _Job(ev.job, ev.index, ev.ranks, spec)
@@ -443,7 +446,8 @@ class JobsWorker:
                     self.deferred.append(key)  # still registered: queued again on unbind
                     continue
                 self.queue.remove_job(key)
-                self.binding = -key
+                if self.reserved.get(-key, False):
+                    self.binding = -key
                 out.append(Send(CONTROLLER, Request(self._next_eid(), -key, self.worker),
                                 self._cause))
                 continue
@@ -463,7 +467,7 @@ class JobsWorker:
     def _end(self, job: int, reason: str | None, out: list[Any]) -> None:
         j = self.jobs.pop(job, None)
         self.queue.remove_job(-job)
-        self.reserved.discard(job)
+        self.reserved.pop(job, None)
         if j is None:
             return
         self.queue.remove_job(job)
