@@ -14,10 +14,14 @@ task) or the apps, and reads the jobs' status files (submitted, started, ended: 
   fifo, fair and hfsp: mean, 95th percentile and largest response time (``hfsp.png``);
 * ``placement``: short single-worker jobs (about 20 ms) at load 0.8 under each placement
   policy: median and 99th percentile response, beside what the simulator
-  (:func:`canary.sim.cluster.simulate_cluster`, the same policy objects) predicts;
+  (:func:`canary.sim.cluster.simulate_cluster`, the same policy objects) predicts, both for
+  the jobs' work alone and with the pool's measured cost per job (the workers' CPU per job
+  added to each job's work, the rest of an idle pool's tiny-job latency added to each
+  response);
 * ``overheads``: submit to first task (median, p99), submit to end of a one-task job, the rate
   of tiny jobs submitted back to back, rank 0's CPU per job, and each worker's memory after
-  many jobs half of which fail against after the first few.
+  the first few jobs, then after 50, 100, 200 and 400 more submitted back to back (half of
+  them failing).
 
 Every line printed is JSON; the last is the summary. The machine's cores are shared, so these
 are small runs: read the figures as shapes, not as the pool's best.
@@ -273,6 +277,29 @@ def hfsp(quick: bool, workers: int, plot_dir: Path | None) -> None:
         plt.close(fig)
 
 
+def job_cost(root: Path, workers: int, quick: bool) -> tuple[float, float, float]:
+    """The pool's own cost per job, from tiny one-worker jobs on the idle pool at ``root``:
+    ``(latency s, worker CPU s, rank 0 CPU s)``. Latency: the median submit-to-end time of a
+    job that does almost nothing, submitted when the last one ended. CPU: what the workers
+    (together) and rank 0 spend per job over a back-to-back burst of such jobs."""
+    tiny = job_args(1, 0.0, 1)
+    ends = [response(run_schedule(root, [(0.0, tiny, {"workers": 1})])[0])
+            for _ in range(5 if quick else 15)]
+    pids = _pool_pids(root, workers)
+    before = [_cpu_seconds(p) for p in pids]
+    many = 10 if quick else 60
+    ids = [client.submit(JOB, tiny, root, workers=1) for _ in range(many)]
+    for j in ids:
+        client.wait(j, root, timeout=600)
+    spent = [_cpu_seconds(p) - c for p, c in zip(pids, before)]
+    return statistics.median(ends), sum(spent[1:]) / many, spent[0] / many
+
+
+def _pool_pids(root: Path, workers: int) -> list[int]:
+    """Rank 0's process id, then each worker's."""
+    return [int(read_json(root / f"rank-{r}.json")["pid"]) for r in range(workers + 1)]
+
+
 def placement(quick: bool, workers: int, plot_dir: Path | None) -> None:
     from canary.sched.placement import make_placement
     from canary.sim.cluster import JobSet, simulate_cluster
@@ -283,23 +310,43 @@ def placement(quick: bool, workers: int, plot_dir: Path | None) -> None:
     rate = 0.8 * workers / work
     rng = np.random.default_rng(2)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    with pool(workers, "fifo", "random") as root:
+        latency, cpu_w, cpu_0 = job_cost(root, workers, quick)
+    # The simulator with the pool's cost per job: each job occupies its worker for its work
+    # plus the workers' CPU per job (driver thread, the job's state, its messages) and, where
+    # the pool's ranks outnumber the cores, rank 0's CPU per job too (taken from the workers'
+    # cores); its response also carries the rest of an idle pool's tiny-job latency (the
+    # directory, placement and start-up messages: waits that occupy no core).
+    shared = (os.cpu_count() or 1) < workers + 1
+    occupied = work + cpu_w + (cpu_0 if shared else 0.0)
+    delay = max(latency - cpu_w, 0.0)
     rows = {}
     for name in ("random", "per-task", "batch", "batch-late"):
         with pool(workers, "fifo", name) as root:
             sts = run_schedule(root, [(float(a), job_args(iters, task_ms, 1),
                                        {"workers": 1}) for a in arrivals])
         r = [response(st) for st in sts]
-        jobs = JobSet(arrivals - arrivals[0], [np.array([work]) for _ in range(n)],
-                      np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
-        sim = simulate_cluster(jobs, make_placement(name), workers, rtt=1e-3,
+        zeros = np.zeros(n, dtype=np.int64)
+        rel = arrivals - arrivals[0]
+        sim = simulate_cluster(JobSet(rel, [np.array([work]) for _ in range(n)], zeros, zeros),
+                               make_placement(name), workers, rtt=1e-3,
                                rng=np.random.default_rng(0)).response
-        rows[name] = (r, sim.tolist())
+        costed = simulate_cluster(JobSet(rel, [np.array([occupied]) for _ in range(n)], zeros,
+                                         zeros), make_placement(name), workers, rtt=1e-3,
+                                  rng=np.random.default_rng(0)).response + delay
+        rows[name] = (r, sim.tolist(), costed.tolist())
         emit({"experiment": "placement", "placement": name, "workers": workers, "jobs": n,
               "load": 0.8, "job_work_s": work,
               "median_response_s": round(statistics.median(r), 4),
               "p99_response_s": round(pct(r, 99), 4),
               "simulated_median_s": round(float(np.median(sim)), 4),
-              "simulated_p99_s": round(pct(sim.tolist(), 99), 4)})
+              "simulated_p99_s": round(pct(sim.tolist(), 99), 4),
+              "pool_job_latency_ms": round(1e3 * latency, 2),
+              "pool_job_worker_cpu_ms": round(1e3 * cpu_w, 2),
+              "pool_job_rank0_cpu_ms": round(1e3 * cpu_0, 2),
+              "rank0_shares_the_workers_cores": shared,
+              "simulated_with_pool_cost_median_s": round(float(np.median(costed)), 4),
+              "simulated_with_pool_cost_p99_s": round(pct(costed.tolist(), 99), 4)})
     if plot_dir is not None:
         import matplotlib
 
@@ -309,8 +356,11 @@ def placement(quick: bool, workers: int, plot_dir: Path | None) -> None:
         fig, ax = plt.subplots(figsize=(6.5, 3.5))
         names = list(rows)
         x = np.arange(len(names))
-        ax.bar(x - 0.2, [statistics.median(rows[k][0]) for k in names], 0.4, label="pool median")
-        ax.bar(x + 0.2, [float(np.median(rows[k][1])) for k in names], 0.4,
+        ax.bar(x - 0.27, [statistics.median(rows[k][0]) for k in names], 0.27,
+               label="pool median")
+        ax.bar(x, [float(np.median(rows[k][2])) for k in names], 0.27,
+               label="simulator + the pool's cost per job")
+        ax.bar(x + 0.27, [float(np.median(rows[k][1])) for k in names], 0.27,
                label="simulator median")
         ax.set_xticks(x, names)
         ax.set_ylabel("response time (s)")
@@ -336,7 +386,7 @@ def _rss_mb(pid: int) -> float:
 def overheads(quick: bool, workers: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="canary-over-"))
     n = 8 if quick else 30
-    many = 20 if quick else 200
+    marks = (10, 20) if quick else (50, 100, 200, 400)
     with pool(workers, "fair") as root:
         first, ends = [], []
         for k in range(n):
@@ -345,15 +395,20 @@ def overheads(quick: bool, workers: int) -> None:
                                       {"workers": 1})])[0]
             first.append(float(stamp.read_text().split()[0]) - st["submitted"])
             ends.append(response(st))
-        rank0 = int(read_json(root / "pool.json")["pid"])
-        worker_pids = [int(read_json(root / f"rank-{r}.json")["pid"])
-                       for r in range(1, workers + 1)]
+        rank0, *worker_pids = _pool_pids(root, workers)
         rss_first = [_rss_mb(p) for p in worker_pids]
         cpu0 = _cpu_seconds(rank0)
         t0 = time.time()
-        ids = [client.submit(JOB, job_args(1, 0.0, 1) + (["--fail"] if k % 2 else []), root,
-                             workers=1) for k in range(many)]
-        sts = [client.wait(j, root, timeout=600) for j in ids]
+        # back to back, half failing; each worker's memory read after each batch
+        rss_at: dict[int, list[float]] = {}
+        failed = done = 0
+        for upto in marks:
+            ids = [client.submit(JOB, job_args(1, 0.0, 1) + (["--fail"] if k % 2 else []),
+                                 root, workers=1) for k in range(done, upto)]
+            failed += sum(client.wait(j, root, timeout=600)["state"] == "failed" for j in ids)
+            done = upto
+            rss_at[upto] = [round(_rss_mb(p), 1) for p in worker_pids]
+        many = done
         wall = time.time() - t0
         cpu = _cpu_seconds(rank0) - cpu0
         rss_after = [_rss_mb(p) for p in worker_pids]
@@ -364,8 +419,9 @@ def overheads(quick: bool, workers: int) -> None:
           "tiny_job_response_p99_ms": round(1e3 * pct(ends, 99), 2),
           "back_to_back_jobs": many, "jobs_per_s": round(many / wall, 2),
           "rank0_cpu_ms_per_job": round(1e3 * cpu / many, 3),
-          "half_failed": sum(st["state"] == "failed" for st in sts) == many // 2,
+          "half_failed": failed == many // 2,
           "worker_rss_mb_after_first": [round(x, 1) for x in rss_first],
+          "worker_rss_mb_after_jobs": {str(k): v for k, v in rss_at.items()},
           "worker_rss_mb_after_all": [round(x, 1) for x in rss_after]})
 
 

@@ -199,3 +199,16 @@ def test_bad_requests_get_clear_errors(driver: str, tmp_path: Path) -> None:
 
     assert main(["cancel", "3", "--cluster", str(root)]) == 2
     assert main(["submit", "--cluster", str(root), "--weight", "-1", driver]) == 2
+    with pytest.raises(PoolError, match="CANARY_CHECKPOINT is set, but a pool takes no snapsh"):
+        client.start(2, "mpiexec", {"CANARY_CHECKPOINT": "/tmp/snaps"}, root)
+
+
+def test_snapshot_options_of_a_pool_job_are_refused_saying_what_to_do(
+        driver: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from canary.cli import main
+
+    for option, value in (("--checkpoint", "snaps"), ("--resume", "snaps"), ("--restarts", "2")):
+        assert main(["submit", option, value, driver]) == 2
+        err = capsys.readouterr().err
+        assert f"{option} is not available for a pool job" in err
+        assert f"`canary run {option} ...`" in err

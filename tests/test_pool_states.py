@@ -3,6 +3,9 @@ decisions, and whole multi-job runs in-process (answers, isolation, cancel)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -197,6 +200,40 @@ def test_a_worker_asks_for_the_job_when_its_reservation_reaches_the_front() -> N
     assert w.load == 0
 
 
+def test_a_worker_binds_one_job_at_a_time_and_asks_for_the_next_once_it_started() -> None:
+    from canary.messages import Placement
+    from canary.partition_map import PartitionMap
+    from canary.pool.messages import Declared, RunJobTask
+
+    w = JobsWorker(0, 2, "fifo")
+    spec = JobSpec(workers=1)
+    assert w.handle(Reserve(1, 5, spec)) == [Send(CONTROLLER, Request(1, 5, 0), 1)]
+    # job 5 is being asked for: the core is promised to it, so 6 and 7 wait their turn
+    assert w.handle(Reserve(2, 6, spec)) == []
+    assert w.handle(Reserve(3, 7, spec)) == []
+    assert w.load == 3
+    # declined: the next reservation in line is asked for at once
+    assert w.handle(Unreserve(4, 5)) == [Send(CONTROLLER, Request(2, 6, 0), 4)]
+    assert w.handle(Unreserve(5, 7)) == []  # withdrawn while waiting aside
+    assert w.handle(Reserve(6, 8, spec)) == []
+    assert w.handle(JobStart(7, 6, 0, (1,), spec)) == [StartDriver(6, 1, 2, spec, 7)]
+    p = program("six", parts=1, iters=1)
+    assert w.handle(Declared(8, 6, p)) == [Send.match(dest=0)]  # Hello; not started yet
+    out = w.handle(Envelope(6, Placement(9, PartitionMap.initial(
+        [g[0].partitions for g in p.finalize().groups], 1))))
+    # started here (its map arrived): job 8 is asked for (FIFO: its reservation came before
+    # job 6 was placed here) and job 6's first task runs
+    assert out == [Send(CONTROLLER, Request(3, 8, 0), 9), RunJobTask.match(job=6)]
+
+
+def test_a_worker_does_not_wait_for_a_job_on_several_workers() -> None:
+    # two such jobs each waiting on one of two workers would wait for each other for ever
+    w = JobsWorker(0, 2, "fifo")
+    assert w.handle(Reserve(1, 5, JobSpec(workers=2))) == [Send(CONTROLLER, Request(1, 5, 0), 1)]
+    assert w.handle(Reserve(2, 6, JobSpec())) == [Send(CONTROLLER, Request(2, 6, 0), 2)]
+    assert w.binding is None
+
+
 def test_a_jobs_messages_before_its_driver_declared_wait_and_late_ones_are_dropped() -> None:
     from canary.messages import Placement, Shutdown
     from canary.partition_map import PartitionMap
@@ -286,3 +323,30 @@ def test_a_task_handed_out_for_a_job_that_ends_frees_the_core_for_the_next() -> 
     assert out[0] == Release(1, "cancelled", JobAborted, None, 30)
     assert out[1] == RunJobTask.match(job=2)
     assert w.state_of(1) is None
+
+
+# ---------------------------------------------------------------- waking rank 0
+def test_a_submission_wakes_rank_0_through_the_pools_pipe(tmp_path: Path) -> None:
+    from canary.pool.spool import Spool
+
+    sp = Spool(tmp_path)
+    assert not sp.wake()  # no pool reading: nothing to tell, and no error
+    fd = sp.open_wake()
+    assert fd is not None
+    try:
+        job = sp.new_job({"script": "x.py"})
+        assert os.read(fd, 16) == b"!"  # the submission said so
+        assert sp.take("queue") == [job]
+    finally:
+        os.close(fd)
+
+
+def test_a_ranks_idle_wait_ends_when_woken() -> None:
+    from canary.pool.host import IdleWait
+
+    idle = IdleWait(spins=0)
+    idle.sleep(1e-4)
+    assert idle._idle == 1 and idle._sleep == 2 * idle.min_sleep  # slept; the next is longer
+    idle.wake()
+    idle.sleep(60.0)  # woken: returns at once and starts over from the shortest sleep
+    assert idle._idle == 0 and idle._sleep == idle.min_sleep

@@ -19,6 +19,10 @@ def test_sharing_quick_prints_every_experiment_and_a_summary(tmp_path: Path) -> 
     assert all(r["all_done"] for r in rows if r.get("experiment") == "hfsp")
     over = next(r for r in rows if r.get("experiment") == "overheads")
     assert over["half_failed"] is True and over["jobs_per_s"] > 0
+    assert set(over["worker_rss_mb_after_jobs"]) == {"10", "20"}
+    for row in (r for r in rows if r.get("experiment") == "placement"):
+        assert row["pool_job_worker_cpu_ms"] > 0 and row["pool_job_latency_ms"] > 0
+        assert row["simulated_with_pool_cost_median_s"] > 0
     fair = next(r for r in rows if r.get("experiment") == "fair")
     assert set(fair["timeline"]) == {"t", "w1", "w2", "w1b"}
     for png in ("fair_share.png", "hfsp.png", "placement.png"):

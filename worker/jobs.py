@@ -13,7 +13,14 @@ One :class:`~canary.worker.state.WorkerState` per job runs that job exactly as u
 * **Placement (Sparrow).** A :class:`~canary.pool.messages.Probe` is answered with the load
   (jobs here plus queued reservations); a :class:`~canary.pool.messages.Reserve` queues a
   reservation item in the same queue as the tasks, and when the policy pops it the worker asks
-  the job's scheduler for the job (:class:`~canary.pool.messages.Request`).
+  the job's scheduler for the job (:class:`~canary.pool.messages.Request`). A worker binds
+  one single-worker job at a time: until the one-worker job it asked for is declined, or has
+  started here (its partition map arrived) or ended, a reservation the policy pops waits aside
+  and is queued again afterwards. A job that is starting has no task yet, so the core looks
+  free; without this a worker would ask for every queued reservation at once and take a burst
+  of jobs that another worker, free a moment later, should have had. A job on several workers
+  is not waited for: its scheduler answers only once enough workers asked, and two workers
+  each waiting for a different such job would wait for ever.
 
 Nothing here reads a clock: ``now`` comes with every event (seconds, never decreasing).
 """
@@ -265,10 +272,12 @@ class JobsWorker:
         self.config = config or WorkerConfig()
         self.train_tasks = train_tasks
         self.jobs: dict[int, _Job] = {}
-        self.reserved: set[int] = set()  # jobs with a reservation queued or asked for
+        # jobs with a reservation queued or asked for -> whether the job runs on one worker
+        self.reserved: dict[int, bool] = {}
         self.running: tuple[int, Any] | None = None  # (key, unit) handed out
         self.users: dict[str, int] = {}
-        self.sizes: list[float] = []  # seconds of the jobs that ended here (HFSP's prior)
+        self.binding: int | None = None  # the job asked for, until it started here or not
+        self.deferred: list[int] = []  # reservation keys popped while binding
         self.stopped = False
         self._eid = 0
         self._cause = 0
@@ -287,7 +296,10 @@ class JobsWorker:
             self._on_reserve(event, now)
         elif kind is Unreserve:
             self.queue.remove_job(-event.job)
-            self.reserved.discard(event.job)
+            self.reserved.pop(event.job, None)
+            if -event.job in self.deferred:
+                self.deferred.remove(-event.job)
+            self._unbind(event.job, now)
         elif kind is Probe:
             out.append(Send(CONTROLLER, ProbeReply(self._next_eid(), event.job, self.worker,
                                                    self.load), self._cause))
@@ -328,12 +340,12 @@ class JobsWorker:
         spec = ev.spec
         if ev.job in self.reserved or ev.job in self.jobs:
             return  # one reservation per job and worker is enough: the job runs here once
-        self.reserved.add(ev.job)
+        self.reserved[ev.job] = spec.workers == 1 or self.n_workers == 1
         self.queue.add_job(-ev.job, self.user_id(spec.user), spec.priority, spec.weight, now)
         self.queue.push(-ev.job, _RESERVATION, now)
 
     def _on_start(self, ev: JobStart, now: float, out: list[Any]) -> None:
-        self.reserved.discard(ev.job)
+        self.reserved.pop(ev.job, None)
         self.queue.remove_job(-ev.job)
         spec = ev.spec
         self.jobs[ev.job] = _Job(ev.job, ev.index, ev.ranks, spec)
@@ -356,6 +368,8 @@ class JobsWorker:
                 self._apply(j, j.state.handle(msg), out)
         except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
             self._broken(j, f"worker {self.worker}: {type(exc).__name__}: {exc}", out)
+            return
+        self._started(j, self._now)
 
     def _on_envelope(self, ev: Envelope, now: float, out: list[Any]) -> None:
         msg = ev.message
@@ -379,6 +393,8 @@ class JobsWorker:
         except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
             self._broken(j, f"worker {self.worker}: {type(exc).__name__}: {exc}", out)
             return
+        if self.binding == ev.job:
+            self._started(j, now)
         if kind is TaskDone and self.queue.policy == "hfsp" and not j.trained:
             self._train(j, now)
 
@@ -426,7 +442,12 @@ class JobsWorker:
             key, unit = got
             if key < 0:  # a reservation reached the front: ask for the job
                 self.queue.finished(key, 0.0, now)
+                if self.binding is not None:
+                    self.deferred.append(key)  # still registered: queued again on unbind
+                    continue
                 self.queue.remove_job(key)
+                if self.reserved.get(-key, False):
+                    self.binding = -key
                 out.append(Send(CONTROLLER, Request(self._next_eid(), -key, self.worker),
                                 self._cause))
                 continue
@@ -439,20 +460,36 @@ class JobsWorker:
         j.broken = True
         self.queue.remove_job(j.job)
         j.state = None
+        self._unbind(j.job, self._now)
         out.append(Send(CONTROLLER, DriverEnded(self._next_eid(), j.job, self.worker, message),
                         self._cause))
 
     def _end(self, job: int, reason: str | None, out: list[Any]) -> None:
         j = self.jobs.pop(job, None)
         self.queue.remove_job(-job)
-        self.reserved.discard(job)
+        self.reserved.pop(job, None)
         if j is None:
             return
         self.queue.remove_job(job)
         if self.running is not None and self.running[0] == job:
             self.running = None  # its task handed out is not run (or its end is ignored)
-        self.sizes.append(j.seconds)
+        self._unbind(job, self._now)
         out.append(Release(job, reason, JobAborted, None, self._cause))
+
+    def _unbind(self, job: int, now: float) -> None:
+        """The job this worker asked for was declined, started here or ended: queue again
+        the reservations popped meanwhile, in the order they were popped."""
+        if self.binding != job:
+            return
+        self.binding = None
+        deferred, self.deferred = self.deferred, []
+        for key in deferred:
+            if key in self.queue:
+                self.queue.push(key, _RESERVATION, now)
+
+    def _started(self, j: _Job, now: float) -> None:
+        if self.binding == j.job and j.state is not None and j.state.map is not None:
+            self._unbind(j.job, now)
 
     def _next_eid(self) -> int:
         self._eid += 1

@@ -14,6 +14,7 @@ from canary.sched.placement import PLACEMENT_POLICIES
 from canary.sched.queues import QUEUE_POLICIES
 
 COMMANDS = ("cluster", "submit", "jobs", "logs", "cancel")
+SNAPSHOT_OPTIONS = ("--checkpoint", "--resume", "--restarts")
 EXIT_CANCELLED = 130
 
 
@@ -54,6 +55,8 @@ def parser() -> argparse.ArgumentParser:
                     help="spread the job over at most M workers (default: all)")
     sb.add_argument("--wait", action="store_true",
                     help="stream the job's output and exit with its status")
+    for option in SNAPSHOT_OPTIONS:  # accepted only to say what to do instead
+        sb.add_argument(option, default=None, help=argparse.SUPPRESS)
     sb.add_argument("script")
     sb.add_argument("args", nargs=argparse.REMAINDER)
     _dir_arg(sub.add_parser("jobs", help="list the pool's jobs"))
@@ -109,6 +112,12 @@ def _dispatch(args: argparse.Namespace, find_mpiexec: Callable[[], str],
     if args.command == "submit":
         import os
 
+        asked = [o for o in SNAPSHOT_OPTIONS if getattr(args, o[2:]) is not None]
+        if asked:
+            raise client.PoolError(
+                f"{asked[0]} is not available for a pool job: a pool takes no snapshots, so a "
+                "job cannot resume after a failure there. Run a job that needs it with "
+                f"`canary run {asked[0]} ...` on ranks of its own")
         job = client.submit(args.script, args.args, root, args.user, args.priority,
                             args.weight, args.workers, os.getpid() if args.wait else None)
         if not args.wait:

@@ -31,6 +31,10 @@ __all__ = ["PoolError", "cancel", "jobs", "logs", "pool_info", "result", "start"
            "stop", "submit", "wait"]
 
 
+# what `canary run --checkpoint/--resume` set for a job's ranks: a pool's jobs never read them
+SNAPSHOT_ENV = ("CANARY_CHECKPOINT", "CANARY_RESUME")
+
+
 class PoolError(CanaryError):
     """A pool request that cannot be carried out; the message says why and what to do."""
 
@@ -79,6 +83,11 @@ def start(workers: int, mpiexec: str, env: Mapping[str, str],
         raise PoolError(f"the probe ratio must be >= 1, got {probe_ratio}")
     if hostfile and not os.path.exists(hostfile):
         raise PoolError(f"hostfile not found: {hostfile}")
+    for name in SNAPSHOT_ENV:
+        if env.get(name, "").strip():
+            raise PoolError(f"{name} is set, but a pool takes no snapshots (its jobs would run "
+                            f"without them): unset {name} to start a pool, and run a job that "
+                            "needs snapshots with `canary run --checkpoint DIR`")
     sp = _spool(root)
     try:
         info = pool_info(sp.root)
@@ -129,6 +138,7 @@ def stop(root: str | os.PathLike[str] | None = None, now: bool = False,
     sp = _spool(root)
     pool_info(sp.root)
     sp.stop_file.write_text("now" if now else "wait")
+    sp.wake()
     pid = int((read_json(sp.launcher_file) or {}).get("pid", 0))
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -254,6 +264,7 @@ def cancel(job: int, root: str | os.PathLike[str] | None = None) -> None:
     if st["state"] in (*FINAL_STATES, "lost"):
         raise PoolError(f"job {job} already ended ({st['state']})")
     (sp.folder("cancel") / str(job)).touch()
+    sp.wake()
 
 
 def jobs(root: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ import canary
 import canary.mpi_runner
 from canary.controller.jobs import JobsController
 from canary.errors import JobAborted
-from canary.idle import Backoff
+from canary.idle import tight_timer_slack
 from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
 from canary.pool.messages import (
     Bcast,
@@ -70,7 +70,14 @@ from canary.worker.execute import run_task
 from canary.worker.jobs import JobsWorker
 
 _local = threading.local()  # .ctx: the JobContext of a driver thread; .log: where output goes
-SCAN_S = 0.01  # how often rank 0 looks at the pool directory
+SCAN_S = 0.01  # how often rank 0 looks at the pool directory (submitters also wake it)
+# A rank with jobs polls MPI at least this often (what `canary run`'s workers do), an empty
+# one sleeps longer: a placement or job message then waits at most this long to be seen.
+ACTIVE_SLEEP_S = 2.5e-4
+IDLE_SLEEP_S = 1e-3
+# Driver threads and the rank's loop share the GIL: a thread that waits for it waits up to
+# the switch interval (5 ms by default) whenever the loop polls without sleeping.
+SWITCH_INTERVAL_S = 5e-4
 POOL_FUSE_MAX_S = 5e-3  # the longest fused stretch of a pool job
 
 
@@ -195,7 +202,7 @@ class JobContext:
             raise RuntimeError("canary.run called twice by one job: a pool job runs one program")
         if not self.released.is_set():
             self.declared = True
-            self.host.inbox.put(("declared", self.job, program))
+            self.host.post(("declared", self.job, program))
         self.released.wait()
         if isinstance(self.outcome, BaseException):
             raise self.outcome
@@ -203,7 +210,7 @@ class JobContext:
 
     def bcast(self, value: Any) -> Any:
         if self.rank == 0:
-            self.host.inbox.put(("bcast", self.job, value))
+            self.host.post(("bcast", self.job, value))
             return value
         with self._cond:
             while not self._bcasts and not self.released.is_set():
@@ -297,7 +304,7 @@ def _driver(ctx: JobContext) -> None:
         code = 1
     finally:
         sys.stdout.flush()
-        ctx.host.inbox.put(("exit", ctx.job, code, error))
+        ctx.host.post(("exit", ctx.job, code, error))
 
 
 def install() -> None:
@@ -317,6 +324,36 @@ def install() -> None:
 
 
 # ---------------------------------------------------------------- the ranks' loops
+class IdleWait:
+    """How a pool rank waits between polls: a few quick polls, then sleeps doubling from
+    ``min_sleep`` up to the cap the caller gives (as :class:`canary.idle.Backoff`), except
+    that :meth:`wake` (a driver thread with a request, a submission) ends a sleep at once."""
+
+    def __init__(self, min_sleep: float = 2e-5, spins: int = 20) -> None:
+        self.min_sleep = min_sleep
+        self.spins = spins
+        self._event = threading.Event()
+        self._idle = 0
+        self._sleep = min_sleep
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def reset(self) -> None:
+        self._idle = 0
+        self._sleep = self.min_sleep
+
+    def sleep(self, cap: float) -> None:
+        self._idle += 1
+        if self._idle <= self.spins:
+            return
+        if self._event.wait(min(self._sleep, cap)):
+            self._event.clear()
+            self.reset()
+            return
+        self._sleep = min(self._sleep * 2, cap)
+
+
 class _Host:
     def __init__(self, comm: Any, spool: Spool) -> None:
         self.comm = comm
@@ -327,7 +364,12 @@ class _Host:
         self.contexts: dict[int, JobContext] = {}
         self.ids = count(1)
         self.t0 = time.perf_counter()
-        self.backoff = Backoff(max_sleep=2e-3)
+        self.idle = IdleWait()
+
+    def post(self, item: tuple[Any, ...]) -> None:
+        """A driver thread's request to this rank's loop (run there, in order)."""
+        self.inbox.put(item)
+        self.idle.wake()
 
     def eid(self) -> int:
         return local_event_id(self.rank, next(self.ids))
@@ -422,10 +464,12 @@ class WorkerHost(_Host):
                     self.handle(Envelope(ins.job, ev))
                 busy = True
             if busy:
-                self.backoff.reset()
+                self.idle.reset()
             else:
                 self.tx.progress()
-                self.backoff.sleep()
+                st = self.state
+                self.idle.sleep(ACTIVE_SLEEP_S if st.jobs or st.reserved or self.contexts
+                                else IDLE_SLEEP_S)
         self.tx.flush()
 
     def _local(self, item: tuple[Any, ...]) -> None:
@@ -460,6 +504,26 @@ class ControllerHost(_Host):
         self.stopping: str | None = None
         self.next_scan = 0.0
         self.next_status = 0.0
+        self.scan_now = False
+
+    def listen(self) -> None:
+        """Read the directory as soon as a submitter on this host says there is something
+        (:meth:`Spool.wake`), not only every ``SCAN_S``."""
+        fd = self.spool.open_wake()
+        if fd is None:
+            return
+
+        def run() -> None:
+            while True:
+                try:
+                    if not os.read(fd, 4096):
+                        return
+                except OSError:
+                    return
+                self.scan_now = True
+                self.idle.wake()
+
+        threading.Thread(target=run, name="pool-wake", daemon=True).start()
 
     def write_pool(self, state: str) -> None:
         write_json(self.spool.pool_file, {
@@ -612,6 +676,7 @@ class ControllerHost(_Host):
             self._finish(job, 130, reason)
 
     def loop(self) -> None:
+        self.listen()
         self.write_pool("ready")
         while True:
             busy = False
@@ -627,7 +692,8 @@ class ControllerHost(_Host):
                 got = self.tx.poll()
             busy = self.drain() or busy
             t = time.perf_counter()
-            if t >= self.next_scan:
+            if t >= self.next_scan or self.scan_now:
+                self.scan_now = False
                 self.next_scan = t + SCAN_S
                 self._scan()
                 if self.stopping is not None and not self.state.active and not self.contexts \
@@ -640,10 +706,11 @@ class ControllerHost(_Host):
                     if job in self.status and info.iteration >= 0:
                         self.job_status(job, iteration=info.iteration)
             if busy:
-                self.backoff.reset()
+                self.idle.reset()
             else:
                 self.tx.progress()
-                self.backoff.sleep()
+                self.idle.sleep(ACTIVE_SLEEP_S if self.state.jobs or self.contexts
+                                else IDLE_SLEEP_S)
         self.carry(self.state.handle(StopPool(self.eid())))
         self.tx.flush()
         self.write_pool("stopped")
@@ -664,6 +731,8 @@ def main(argv: list[str] | None = None) -> int:
         print("canary pool: needs at least 2 ranks (a controller and a worker)", file=sys.stderr)
         return 2
     install()
+    tight_timer_slack()  # the idle waits are short: wake on time, not 50 us late
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     spool = Spool(args.dir)
     # each rank's process id, for `canary cluster status` and the benchmarks' memory readings
     write_json(spool.root / f"rank-{comm.Get_rank()}.json", {"pid": os.getpid(),

@@ -12,6 +12,8 @@ Layout of a pool directory ``DIR``:
   ``result.npz`` (the reported datasets of a finished job).
 * ``queue/ID``: a job waiting to be read by rank 0; ``cancel/ID``: a cancellation asked for;
   ``stop``: stop asked for (``wait`` or ``now``).
+* ``wake``: a named pipe rank 0 reads; a submitter on the same host writes a byte to it after
+  each request so that rank 0 reads the directory at once rather than at its next look.
 
 Every JSON file is written whole to a temporary name and renamed, so a reader never sees half.
 """
@@ -75,6 +77,37 @@ class Spool:
     def stop_file(self) -> Path:
         return self.root / "stop"
 
+    @property
+    def wake_file(self) -> Path:
+        return self.root / "wake"
+
+    def wake(self) -> bool:
+        """Tell rank 0 to read the directory now; whether it was told. Never blocks and never
+        raises: without a pool reading the pipe (none running, another host, a filesystem
+        without named pipes) rank 0 finds the request at its next look."""
+        try:
+            fd = os.open(self.wake_file, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no pipe, or no reader (ENXIO)
+            return False
+        try:
+            os.write(fd, b"!")
+            return True
+        except OSError:  # the pipe is full: rank 0 is already due to look
+            return False
+        finally:
+            os.close(fd)
+
+    def open_wake(self) -> int | None:
+        """Rank 0: a fresh ``wake`` pipe, opened for reading (reads block until a byte
+        comes); None where named pipes are not available (then only the periodic look)."""
+        try:
+            self.wake_file.unlink(missing_ok=True)
+            os.mkfifo(self.wake_file)
+            # read-write: the pipe always has a writer, so reads block instead of seeing EOF
+            return os.open(self.wake_file, os.O_RDWR)
+        except (OSError, AttributeError):
+            return None
+
     def folder(self, name: str) -> Path:
         path = self.root / name
         path.mkdir(parents=True, exist_ok=True)
@@ -108,6 +141,7 @@ class Spool:
         write_json(self.status_file(job), {"job": job, "state": "queued"})
         marker = self.folder("queue") / str(job)
         marker.touch()
+        self.wake()
         return job
 
     def take(self, folder: str) -> list[int]:
