@@ -182,6 +182,39 @@ def test_weighted_fair_share_holds_on_a_pool_whose_tasks_feed_another_worker() -
             assert used[1] / (used[1] + used[2]) == pytest.approx(1 / 3, abs=0.02), seed
 
 
+def test_hfsp_gives_the_lowest_mean_response_on_a_mixed_workload() -> None:
+    """Mostly small jobs and a few large ones, Poisson arrivals at load 0.7 on two workers
+    (issue 20's size-based figure, in-process). A large job whose estimate came out low goes
+    late; it must share the core with newcomers rather than hold it to its end."""
+
+    def job(name: str, iters: int) -> canary.Program:
+        p = canary.Program(name)
+        x = p.dataset("x", 2)
+        s = p.dataset("s", 1)
+        p.load([x], lambda i, n: np.full(4, float(i)), name="load")
+        with p.loop(iters):
+            p.compute(lambda a: a + 1.0, [x], [x])
+            p.reduce(x, s)
+        p.report(s, name="final")
+        return p
+
+    for seed in (1, 2):
+        rng = np.random.default_rng(seed)
+        large = rng.random(40) < 0.1
+        large[13] = True
+        iters = np.where(large, 100, 4)
+        arrivals = np.cumsum(rng.exponential(float(iters.mean()) / 0.7, 40))
+        mean = {}
+        for policy in ("fifo", "fair", "hfsp"):
+            run = run_jobs_local([LocalJob(job(f"j{k}", int(n)), at=float(at), task_time=0.01,
+                                           kind_time={"compute": 1.0})
+                                  for k, (n, at) in enumerate(zip(iters, arrivals))],
+                                 workers=2, policy=policy, seed=seed, mean_delay=0.01)
+            assert all(isinstance(r, canary.JobResult) for r in run.results.values())
+            mean[policy] = np.mean([run.ended[k] - run.submitted[k] for k in run.ended])
+        assert mean["hfsp"] < mean["fair"] < mean["fifo"], (seed, mean)
+
+
 def test_hfsp_serves_an_untrained_job_first_then_the_smaller_estimate() -> None:
     q = JobQueue("hfsp")
     q.add_job(1, 0, 0, 1.0, 0.0)
