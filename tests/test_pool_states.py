@@ -103,6 +103,118 @@ def test_weighted_fair_gives_users_service_in_proportion_to_their_weights() -> N
     assert served.count(2) == 2 * served.count(1)
 
 
+class _ScriptedState:
+    """A job's state that hands out one task per event; with ``yields`` its state first
+    stops after each task (a ``Yield``: its output must leave before it goes on), as a
+    task whose result another worker waits for does."""
+
+    def __init__(self, job: int, yields: bool) -> None:
+        self.job, self.yields, self.n = job, yields, 0
+
+    def handle(self, msg: object) -> list[object]:
+        from canary.messages import Resume, TaskDone, Yield
+        from canary.worker.tasks import RunTask
+
+        if type(msg) is TaskDone and self.yields:
+            return [Yield()]
+        assert type(msg) in (TaskDone, Resume)
+        self.n += 1
+        return [RunTask(f"{self.job}.{self.n}")]  # type: ignore[arg-type]
+
+
+def test_a_job_that_yielded_keeps_its_fair_turn() -> None:
+    """The worker picks nothing while a job's state has yielded: that job's next task comes
+    with the Resume. Picking at once found its queue empty, and the fair policy restarted it
+    behind the other job each time: weights 1 and 2 got one task each, turn about."""
+    from canary.messages import Resume, TaskDone
+    from canary.pool.messages import RunJobTask, YieldJob
+
+    w = JobsWorker(0, 1, "fair")
+    for job, user, weight in ((1, "one", 1.0), (2, "two", 2.0)):
+        w.handle(JobStart(job, job, 0, (1,), JobSpec(user=user, weight=weight)))
+        w.jobs[job].state = _ScriptedState(job, yields=job == 1)  # type: ignore[assignment]
+    out = w.handle(Envelope(1, Resume(10)), 0.0) + w.handle(Envelope(2, Resume(11)), 0.0)
+    ran = [out[0].job]
+    assert out == [RunJobTask.match(job=1)]
+    eid, now = 20, 0.0
+    for _ in range(11):
+        job = ran[-1]
+        now += 1.0
+        eid += 1
+        out = w.handle(Envelope(job, TaskDone(eid, None, None, 1.0)), now)
+        if job == 1:  # it yielded: nothing is picked until it resumed
+            assert out == [YieldJob(1)]
+            eid += 1
+            out = w.handle(Envelope(1, Resume(eid)), now)
+        assert out == [RunJobTask.match()]
+        ran.append(out[0].job)
+    assert ran.count(2) == 2 * ran.count(1)
+
+
+def test_weighted_fair_share_holds_on_a_pool_whose_tasks_feed_another_worker() -> None:
+    """Two users with weights 1 and 2, one job each on both workers; each iteration's compute
+    sends its partition to the reduce on the other worker (its state yields after it). While
+    the weight-2 job runs, the weight-1 job gets a third of each worker's CPU time."""
+
+    def job(name: str, iters: int = 300) -> canary.Program:
+        p = canary.Program(name)
+        x = p.dataset("x", 2)
+        s = p.dataset("s", 1)
+        p.load([x], lambda i, n: np.full(4, float(i)), name="load")
+        with p.loop(iters):
+            p.compute(lambda a: a + 1.0, [x], [x])
+            p.reduce(x, s)
+        p.report(s, name="final")
+        return p
+
+    for seed in range(3):
+        # compute takes the time, the rest (the reduce, the loads) next to nothing
+        run = run_jobs_local([LocalJob(job(u), user=u, weight=w, task_time=0.01,
+                                       kind_time={"compute": 1.0})
+                              for u, w in (("one", 1.0), ("two", 2.0))],
+                             workers=2, policy="fair", seed=seed, mean_delay=0.01)
+        for spans in run.spans:  # while the weight-2 job computes on the worker
+            lo = min(a for a, _, j, kind in spans if j == 2 and kind == "compute")
+            hi = max(b for _, b, j, kind in spans if j == 2 and kind == "compute")
+            used = {1: 0.0, 2: 0.0}
+            for a, b, j, _ in spans:
+                used[j] += max(0.0, min(b, hi) - max(a, lo))
+            assert used[1] / (used[1] + used[2]) == pytest.approx(1 / 3, abs=0.02), seed
+
+
+def test_hfsp_gives_the_lowest_mean_response_on_a_mixed_workload() -> None:
+    """Mostly small jobs and a few large ones, Poisson arrivals at load 0.7 on two workers
+    (issue 20's size-based figure, in-process). A large job whose estimate came out low goes
+    late; it must share the core with newcomers rather than hold it to its end."""
+
+    def job(name: str, iters: int) -> canary.Program:
+        p = canary.Program(name)
+        x = p.dataset("x", 2)
+        s = p.dataset("s", 1)
+        p.load([x], lambda i, n: np.full(4, float(i)), name="load")
+        with p.loop(iters):
+            p.compute(lambda a: a + 1.0, [x], [x])
+            p.reduce(x, s)
+        p.report(s, name="final")
+        return p
+
+    for seed in (1, 2):
+        rng = np.random.default_rng(seed)
+        large = rng.random(40) < 0.1
+        large[13] = True
+        iters = np.where(large, 100, 4)
+        arrivals = np.cumsum(rng.exponential(float(iters.mean()) / 0.7, 40))
+        mean = {}
+        for policy in ("fifo", "fair", "hfsp"):
+            run = run_jobs_local([LocalJob(job(f"j{k}", int(n)), at=float(at), task_time=0.01,
+                                           kind_time={"compute": 1.0})
+                                  for k, (n, at) in enumerate(zip(iters, arrivals))],
+                                 workers=2, policy=policy, seed=seed, mean_delay=0.01)
+            assert all(isinstance(r, canary.JobResult) for r in run.results.values())
+            mean[policy] = np.mean([run.ended[k] - run.submitted[k] for k in run.ended])
+        assert mean["hfsp"] < mean["fair"] < mean["fifo"], (seed, mean)
+
+
 def test_hfsp_serves_an_untrained_job_first_then_the_smaller_estimate() -> None:
     q = JobQueue("hfsp")
     q.add_job(1, 0, 0, 1.0, 0.0)

@@ -75,6 +75,26 @@ def test_hfsp_late_jobs_share_while_srpt_serves_one() -> None:
     assert order(s, 3.0, 4) == ["X", "X", "X", "X"]
 
 
+def test_hfsp_late_jobs_share_one_slot_whose_task_ends_before_the_next_pick() -> None:
+    # A pool's worker: one slot, each task finished before the next dispatch, so no late job
+    # has a task running at a pick. An under-estimated large job (late from t=1) must not
+    # hold the slot until it ends: a newcomer, late at once with estimate 0, shares it.
+    h = HfspJobs(capacity=1.0)
+    h.add_job("big", 100, 0.0, estimate=1.0)  # type: ignore[arg-type]
+    ran, now = [], 0.0
+    for step in range(8):
+        if step == 3:
+            h.add_job("new", 3, now, estimate=0.0)  # type: ignore[arg-type]
+        job = h.dispatch(now)
+        assert job is not None
+        ran.append(job)
+        now += 1.0
+        h.task_finished(job, now, 1.0)
+    assert h.is_late("big")  # type: ignore[arg-type]
+    # the newcomer has the least service since it became late, then they take turns
+    assert ran == ["big"] * 3 + ["new", "new", "big", "new", "big"]
+
+
 def test_estimates_from_task_count_then_first_tasks() -> None:
     h = HfspJobs(default_task_size=1.0, sample_tasks=2)
     h.add_job(1, 10, 0.0)

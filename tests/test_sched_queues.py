@@ -71,11 +71,35 @@ def test_wfq_idle_user_gets_no_credit() -> None:
     assert drain(q)[:4] == [1, 0, 1, 0]
 
 
+def test_wfq_measured_charge_shares_by_what_items_took_not_their_estimate() -> None:
+    # Both users' items are pushed at the estimate 1; user 0's take 3 each, user 1's take 1.
+    # Charged by estimate they alternate; charged by what they took, user 1 gets 3 turns
+    # for each of user 0's, as equal weights of CPU time want.
+    def served(charge: str) -> list[int]:
+        q = WeightedFairQueue({0: 1.0, 1: 1.0}, charge=charge)
+        took = {0: 3.0, 1: 1.0}
+        for u in (0, 1):
+            q.push(Item(job=u, user=u, payload=u), 0.0)
+        order = []
+        for _ in range(12):  # each user keeps one item queued, as a pool's job does
+            item = q.pop(0.0)
+            assert item is not None
+            order.append(item.user)
+            q.task_finished(item, 0.0, took[item.user])
+            q.push(Item(job=item.user, user=item.user, payload=item.user), 0.0)
+        return order
+
+    assert served("cost").count(1) == 6
+    assert served("measured").count(1) == 9
+
+
 def test_wfq_rejects_bad_weights_and_cost() -> None:
     with pytest.raises(ValueError, match="weights"):
         WeightedFairQueue({0: 0.0})
     with pytest.raises(ValueError, match="cost"):
         WeightedFairQueue().push(Item(job=0, cost=-1.0), 0.0)
+    with pytest.raises(ValueError, match="charge is 'cost' or 'measured'"):
+        WeightedFairQueue(charge="wall")
 
 
 def test_make_queue_builds_each_policy_with_its_options() -> None:

@@ -114,8 +114,9 @@ class JobQueue:
     * ``fifo``: :class:`~canary.sched.hfsp.FifoJobs`, jobs in the order they arrived here;
     * ``priority``: :class:`~canary.sched.queues.PriorityQueue`, strict levels (0 first),
       first come first served within a level;
-    * ``fair``: :class:`~canary.sched.queues.WeightedFairQueue` across users, each unit costing
-      its job's last measured task seconds (so shares are of CPU time), weights per user;
+    * ``fair``: :class:`~canary.sched.queues.WeightedFairQueue` across users, weights per user,
+      charging each unit the seconds it ran (``charge="measured"``: a unit is queued at its
+      job's last task seconds and corrected when it finished), so shares are of CPU time;
     * ``hfsp``: :class:`~canary.sched.hfsp.HfspJobs` (size-based with aging). A job starts
       with estimate 0 (served first: HFSP's training phase) until :meth:`set_estimate`.
 
@@ -136,11 +137,12 @@ class JobQueue:
         elif policy == "priority":
             self._items = PriorityQueue()
         else:
-            self._items = WeightedFairQueue()
+            self._items = WeightedFairQueue(charge="measured")
         self._units: dict[int, deque[Any]] = {}
         self._meta: dict[int, tuple[int, int]] = {}  # key -> (user, priority)
         self._cost: dict[int, float] = {}  # key -> seconds its last unit took (fair)
         self._running: dict[int, int] = {}  # key -> popped units not yet finished
+        self._popped: dict[int, deque[Item]] = {}  # key -> its popped items (fair, priority)
         self._n = 0
 
     def __len__(self) -> int:
@@ -158,6 +160,7 @@ class JobQueue:
         self._meta[key] = (user, priority)
         self._units[key] = deque()
         self._running[key] = 0
+        self._popped[key] = deque()
         if self._jobs is not None:
             self._jobs.add_job(key, _NO_LIMIT, now, estimate=0.0 if self.policy == "hfsp"
                                else None, pending=0)
@@ -185,6 +188,7 @@ class JobQueue:
             item = self._items.pop(now)
             assert item is not None
             key = item.job
+            self._popped[key].append(item)
         self._n -= 1
         self._running[key] += 1
         return key, self._units[key].popleft()
@@ -195,6 +199,9 @@ class JobQueue:
             return
         self._running[key] -= 1
         self._cost[key] = max(seconds, 1e-6)
+        popped = self._popped[key]
+        if popped and self._items is not None:
+            self._items.task_finished(popped.popleft(), now, seconds)
         if self._jobs is not None:
             self._jobs.task_finished(key, now, seconds)
 
@@ -214,6 +221,7 @@ class JobQueue:
             return []
         del self._meta[key]
         self._running.pop(key)
+        self._popped.pop(key)
         self._cost.pop(key, None)
         units = list(self._units.pop(key))
         self._n -= len(units)
@@ -278,6 +286,9 @@ class JobsWorker:
         self.users: dict[str, int] = {}
         self.binding: int | None = None  # the job asked for, until it started here or not
         self.deferred: list[int] = []  # reservation keys popped while binding
+        # jobs whose state yielded (messages to leave first) and is not resumed yet: the core
+        # picks nothing meanwhile (see _next)
+        self.yielded: set[int] = set()
         self.stopped = False
         self._eid = 0
         self._cause = 0
@@ -423,20 +434,31 @@ class JobsWorker:
     # ------------------------------------------------------------------ helpers
     def _apply(self, j: _Job, instrs: list[Any], out: list[Any]) -> None:
         """Carry a job's instructions over to the pool: job ranks become pool ranks, its task
-        waits in the queue, a yield becomes the job's."""
+        waits in the queue, a yield becomes the job's. Every event handled resumes a state
+        that yielded (see :class:`~canary.messages.Yield`), so the job is marked yielded only
+        while the latest instructions end it with one."""
+        self.yielded.discard(j.job)
         for ins in instrs:
             kind = type(ins)
             if kind is Send:
                 dest = CONTROLLER if ins.dest == CONTROLLER else j.ranks[ins.dest - 1]
                 out.append(Send(dest, Envelope(j.job, ins.message), ins.cause))
             elif kind is Yield:
+                self.yielded.add(j.job)
                 out.append(YieldJob(j.job, ins.cause))
             else:  # RunTask
                 self.queue.push(j.job, ins.task, self._now)
 
     def _next(self, now: float, out: list[Any]) -> None:
-        """Hand out the next unit the policy picks while the core is free."""
-        while self.running is None and len(self.queue):
+        """Hand out the next unit the policy picks while the core is free.
+
+        Not while a job here has yielded: its state stopped only so that its messages leave
+        first, and its next task comes with the ``Resume`` that follows at once. Picking
+        before it would find that job's queue empty although it is busy, and the fair
+        policy would then restart it at the virtual time of the job picked instead, losing
+        its credit: with a yield after each task (a task whose output another worker
+        waits for) every weight gets the same share."""
+        while self.running is None and len(self.queue) and not self.yielded:
             got = self.queue.pop(now)
             assert got is not None
             key, unit = got
@@ -458,6 +480,7 @@ class JobsWorker:
         if j.broken:
             return
         j.broken = True
+        self.yielded.discard(j.job)
         self.queue.remove_job(j.job)
         j.state = None
         self._unbind(j.job, self._now)
@@ -466,6 +489,7 @@ class JobsWorker:
 
     def _end(self, job: int, reason: str | None, out: list[Any]) -> None:
         j = self.jobs.pop(job, None)
+        self.yielded.discard(job)
         self.queue.remove_job(-job)
         self.reserved.pop(job, None)
         if j is None:

@@ -57,7 +57,9 @@ __all__ = ["LocalJob", "LocalPoolRun", "run_jobs_local"]
 @dataclass
 class LocalJob:
     """A job for :func:`run_jobs_local`: submitted at virtual time ``at``, cancelled at
-    ``cancel_at`` if given."""
+    ``cancel_at`` if given. Its tasks take ``task_time`` virtual seconds on average, or
+    ``kind_time[kind]`` for a task of that kind (``"compute"``, ``"gather"``, ... as in
+    :mod:`canary.worker.tasks`)."""
 
     program: Program
     user: str = "user"
@@ -67,18 +69,21 @@ class LocalJob:
     at: float = 0.0
     cancel_at: float | None = None
     task_time: float = 1.0
+    kind_time: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class LocalPoolRun:
     """What happened: per job (1-based ids, in the order given) its result or the error it
     ended with, when it was submitted and ended (virtual time), and per worker the job of
-    every task it ran, in order."""
+    every task it ran, in order, and when each ran (``spans``: ``(start, end, job, task
+    kind)``)."""
 
     results: dict[int, JobResult | BaseException] = field(default_factory=dict)
     submitted: dict[int, float] = field(default_factory=dict)
     ended: dict[int, float] = field(default_factory=dict)
     ran: list[list[int]] = field(default_factory=list)
+    spans: list[list[tuple[float, float, int, str]]] = field(default_factory=list)
     placed: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
@@ -100,7 +105,7 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
     last: dict[tuple[int, int], float] = {}
     counter = 0
     now = 0.0
-    out = LocalPoolRun(ran=[[] for _ in range(workers)])
+    out = LocalPoolRun(ran=[[] for _ in range(workers)], spans=[[] for _ in range(workers)])
     by_id = {k + 1: job for k, job in enumerate(jobs)}
     t0 = time.perf_counter()
 
@@ -139,8 +144,11 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
                 if type(ev) is TaskDone:
                     if ins.task.kind == K_LOAD and workers > 1:  # a process's own copy
                         ev.outputs = tuple(np.array(v, copy=True) for v in ev.outputs)
-                    ev.seconds = rng.expovariate(1.0 / by_id[ins.job].task_time)
+                    job = by_id[ins.job]
+                    mean = job.kind_time.get(ins.task.kind, job.task_time)
+                    ev.seconds = rng.expovariate(1.0 / mean)
                     out.ran[rank - 1].append(ins.job)
+                    out.spans[rank - 1].append((now, now + ev.seconds, ins.job, ins.task.kind))
                     push(now + ev.seconds, -rank, Envelope(ins.job, ev))
                 else:
                     push(now, -rank, Envelope(ins.job, ev))

@@ -61,6 +61,7 @@ class _Job:
     vfinish: float = 0.0
     late: bool = False
     vdone: bool = False
+    late_from: float = 0.0  # its attained service when it became late
 
 
 class _Base:
@@ -298,7 +299,8 @@ class HfspJobs(_Base):
         self._nv = 0
         self._vheap: list[tuple[float, int, int, _Job]] = []  # virtual completions
         self._rheap: list[tuple[float, int, int, _Job]] = []  # non-late, by vfinish
-        self._lheap: list[tuple[int, float, int, _Job]] = []  # late, by running tasks
+        # late, by running tasks, then by service since it became late
+        self._lheap: list[tuple[int, float, float, int, _Job]] = []
 
     def _advance(self, now: float) -> None:
         """Run the virtual PS system up to ``now``, marking jobs that finish in it."""
@@ -325,11 +327,18 @@ class HfspJobs(_Base):
         j.vdone = True
         if j.job in self._jobs:  # still running for real: it is late
             j.late = True
+            j.late_from = j.attained
             self._push_late(j)
 
     def _push_late(self, j: _Job) -> None:
+        # Late jobs share the slots (PSBS): the fewest running tasks first, and among equals
+        # the least service since it became late. Where slots are few -- one, on a pool's
+        # worker, whose task ends before the next pick -- every late job has none running
+        # at a pick, and the oldest virtual finish would win every time: a badly
+        # under-estimated large job would hold the core until it ended, new jobs behind it.
         if j.pending > 0:
-            heapq.heappush(self._lheap, (j.running, j.vfinish, j.seq, j))
+            heapq.heappush(self._lheap, (j.running, j.attained - j.late_from, j.vfinish,
+                                         j.seq, j))
 
     def _push_real(self, j: _Job) -> None:
         heapq.heappush(self._rheap, (j.vfinish, j.seq, j.version, j))
@@ -345,8 +354,8 @@ class HfspJobs(_Base):
         self._advance(self._now)
         lh = self._lheap
         while lh:
-            running, _, _, j = lh[0]
-            if j.pending > 0 and running == j.running:
+            running, since, _, _, j = lh[0]
+            if j.pending > 0 and running == j.running and since == j.attained - j.late_from:
                 return j
             heapq.heappop(lh)
         rh = self._rheap

@@ -108,13 +108,23 @@ class WeightedFairQueue:
     idle restarts at ``V`` and so gains no credit for the idle time.  O(log n)
     per push/pop.  ``weights`` maps user -> weight (> 0, ValueError otherwise);
     users not named get ``default_weight``.
+
+    ``charge="cost"`` (the default) charges each item its ``cost``, known when it is pushed.
+    ``charge="measured"`` charges what the item really took: ``task_finished(item, now,
+    duration)`` moves the user's finish tag by ``(duration - item.cost) / w``, so ``cost``
+    is only an estimate for ordering the items pushed before it finished (a pool's worker
+    knows a task's seconds only once it ran).
     """
 
     name = "fair"
 
     def __init__(
-        self, weights: dict[int, float] | None = None, default_weight: float = 1.0
+        self, weights: dict[int, float] | None = None, default_weight: float = 1.0,
+        charge: str = "cost",
     ) -> None:
+        if charge not in ("cost", "measured"):
+            raise ValueError(f"charge is 'cost' or 'measured', got {charge!r}")
+        self.charge = charge
         self.weights = dict(weights or {})
         for u, w in [*self.weights.items(), (-1, default_weight)]:
             if not w > 0:
@@ -145,7 +155,9 @@ class WeightedFairQueue:
         return len(self._heap)
 
     def task_finished(self, item: Item, now: float, duration: float) -> None:
-        pass
+        if self.charge == "measured" and item.user in self._finish:
+            w = self.weights.get(item.user, self.default_weight)
+            self._finish[item.user] += (max(duration, 0.0) - item.cost) / w
 
 
 QUEUE_POLICIES = ("fifo", "priority", "fair", "hfsp")
