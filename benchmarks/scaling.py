@@ -434,8 +434,9 @@ def central_row(app: str, workers: int, res: VirtualResult, spans: list[tuple[fl
 
 
 def plot(rows: list[dict[str, Any]], folder: str) -> list[str]:
-    """Draw ``scaling.png`` (real runs and task rate) and ``virtual.png`` (virtual runs and the
-    central model) into ``folder``; returns the paths. Needs matplotlib."""
+    """Draw ``scaling.png`` (real runs and task rate) and, if there are virtual runs,
+    ``virtual.png`` (virtual runs and the central model) into ``folder``; returns the paths.
+    Needs matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -460,6 +461,8 @@ def plot(rows: list[dict[str, Any]], folder: str) -> list[str]:
     paths.append(os.path.join(folder, "scaling.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
+    if not any(r.get("section") == "virtual" for r in rows):  # --skip-virtual: nothing to draw
+        return paths
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for app, ax in zip(("logistic_regression", "pagerank"), axes[:2]):
