@@ -81,3 +81,19 @@ def workers_fit_cores(size: int, environ: Mapping[str, str] = os.environ,
         except AttributeError:  # not on Linux
             cores = os.cpu_count() or 1
     return here <= cores
+
+
+def cpu_times() -> tuple[float, float]:
+    """(seconds this process has run on a CPU, seconds it was ready to run but waited for one),
+    since it started, from Linux's ``/proc/self/schedstat``; (0, 0) where that is not there.
+
+    The wait is what another process on the same core takes: a worker sharing its core with a
+    busy job runs its short tasks at their usual speed and loses the time between them, partly
+    while it looks idle (a message has arrived but the worker does not get the CPU to see it).
+    """
+    try:
+        with open("/proc/self/schedstat") as f:
+            on_cpu, waited = f.read().split()[:2]
+        return int(on_cpu) / 1e9, int(waited) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0

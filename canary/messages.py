@@ -141,7 +141,8 @@ class LoadReport(Message):
     """A worker's load since its last report (every ``WorkerConfig.report_s`` seconds, not per
     task or per iteration): ``busy`` lists ``(group, index, seconds, nbytes)``, the time its
     tasks on each local partition took and the bytes it holds; ``idle`` the seconds it waited
-    with nothing to run; ``tasks`` the tasks it finished; ``seq`` its position in the program."""
+    with nothing to run; ``tasks`` the tasks it finished; ``seq`` its position in the program;
+    ``cpu`` and ``cpu_wait`` the seconds it ran on a CPU and waited for one (Linux)."""
 
     eid: int
     worker: int
@@ -151,6 +152,8 @@ class LoadReport(Message):
     tasks: int
     seq: int
     done: bool
+    cpu: float = 0.0  # seconds on a CPU in the interval (0: not measured)
+    cpu_wait: float = 0.0  # seconds ready to run but waiting for a CPU
 
 
 @dataclass(slots=True)
@@ -387,6 +390,8 @@ class Tick(Message):
     eid: int
     now: float
     idle: float = 0.0
+    cpu: float = 0.0  # seconds the worker ran on a CPU since the last tick (0: not measured)
+    cpu_wait: float = 0.0  # seconds it was ready to run but waited for a CPU (another process)
 
 
 @dataclass(slots=True)

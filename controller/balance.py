@@ -14,17 +14,19 @@ out the moves of every policy (``canary.worker.migration``).
 How :class:`BalancePolicy` decides (the thresholds are its constructor's arguments):
 
 1. Each report gives, per partition (a co-location group's index: everything that moves
-   together), the seconds its tasks took in the report's interval, and the worker's idle time.
-   The time the worker was not idle is shared out among its partitions in proportion to their
-   tasks' seconds (a worker sharing its core with another job spends much of it waiting for
-   the CPU between tasks); a partition's **cost** is its share as a fraction of the interval,
-   smoothed over reports (``smoothing``). A worker's **load** is the sum of its partitions'
-   costs: the fraction of its time it is not idle.
+   together), the seconds its tasks took in the report's interval, the worker's idle time, and
+   (on Linux) the seconds it ran on a CPU and waited for one. The time the worker was not idle,
+   with the time it waited for a CPU counted as not idle, is shared out among its partitions in
+   proportion to their tasks' seconds (a worker sharing its core with another job spends much
+   of it waiting for the CPU between tasks); a partition's **cost** is its share as a fraction
+   of the interval, smoothed over reports (``smoothing``). A worker's **load** is the sum of
+   its partitions' costs: the fraction of its time it is not idle.
 2. Workers step through the program together (signals, scatter-gathers), so each worker's load
    is its share of the work at the pace of the slowest. Partitions of one group do alike work,
    so the ratio of the time a group's tasks take on two workers is the ratio of their
    **speeds**; a worker's speed is the median of that over the groups it shares (1 where it
-   shares none). A partition's **work** is its cost times its holder's speed; on worker ``w``
+   shares none), times the fraction of its active time it did not spend waiting for a CPU
+   between tasks (smoothed). A partition's **work** is its cost times its holder's speed; on worker ``w``
    it would cost ``work / speed[w]``.
 3. The **ideal** load is the total work divided by the total speed: every worker busy alike.
    The policy acts only when the busiest worker's load exceeds the ideal by more than
@@ -118,6 +120,7 @@ class _Partition:
 
 @dataclass
 class _Worker:
+    pace: float = 1.0  # smoothed fraction of its active time not spent waiting for a CPU
     reports: int = 0
     fresh: bool = False  # reported since the last decision
     done: bool = False
@@ -166,7 +169,18 @@ class BalancePolicy:
         # seconds: a worker that shares its core with another job spends much of that time
         # waiting for the CPU between tasks, which its tasks' own durations do not show.
         tasks = sum(row[2] for row in rep.busy)
-        active = min(max(interval - rep.idle, tasks), interval)
+        # Time spent waiting for a CPU (another process on the worker's core) between tasks is
+        # time it would have been working, even where it looked idle (a message had come, and
+        # the worker did not get the CPU to see it). Waits inside its tasks already show in the
+        # tasks' durations, so only the rest counts: the waits are taken to fall evenly over the
+        # time it was ready to run.
+        runnable = rep.cpu + rep.cpu_wait
+        in_tasks = tasks * rep.cpu_wait / runnable if runnable > 0 else 0.0
+        between = max(rep.cpu_wait - in_tasks, 0.0)
+        active = min(max(interval - max(rep.idle - between, 0.0), tasks), interval)
+        if runnable > 0:
+            pace = 1.0 - min(between / max(active, 1e-9), 0.9)
+            w.pace += self.smoothing * (pace - w.pace)
         scale = active / tasks if tasks > 0 else 0.0
         for g, i, seconds, nbytes in rep.busy:
             key = (g, i)
@@ -189,7 +203,10 @@ class BalancePolicy:
 
     def speeds(self) -> list[float]:
         """Relative speeds (1 = the median worker) from the groups workers share, by how long
-        the same tasks take on each (a CPU that is slower, or spins, shows there)."""
+        the same tasks take on each (a CPU that is slower, or spins, shows there), times the
+        fraction of its active time a worker did not spend waiting for a CPU between tasks (a
+        process sharing its core shows there: short tasks run at their usual speed and the time
+        is lost between them)."""
         by_group: dict[int, dict[int, list[float]]] = {}
         for (g, _), p in self.parts.items():
             if p.holder >= 0 and p.task_cost > 0:
@@ -202,7 +219,8 @@ class BalancePolicy:
             center = statistics.fmean(math.log(m) for m in means.values())
             for w, m in means.items():
                 logs[w].append(center - math.log(m))  # costlier here: slower
-        raw = [math.exp(statistics.median(x)) if x else 1.0 for x in logs]
+        raw = [(math.exp(statistics.median(x)) if x else 1.0) * w.pace
+               for x, w in zip(logs, self.workers)]
         mid = statistics.median(raw)
         return [s / mid for s in raw]
 
@@ -274,8 +292,11 @@ class BalancePolicy:
             loads[dst] += work[key] / speeds[dst]
             owner[key] = dst
             p.came_from = src
+            lost = 1.0 - self.workers[src].pace
+            cpu = (f", losing {lost:.0%} of its time waiting for a CPU (another process on its "
+                   "core?)," if lost > 0.15 else "")
             moves.append((key[0], key[1], dst,
                           f"worker {src} is {speeds[dst] / speeds[src]:.2f}x slower than worker "
-                          f"{dst} and busier ({top:.0%} of its time against an even "
+                          f"{dst}{cpu} and busier ({top:.0%} of its time against an even "
                           f"{ideal:.0%}); predicted {new_top:.0%} after"))
         return moves

@@ -14,7 +14,7 @@ from typing import Any
 from mpi4py import MPI
 
 from canary.errors import JobAborted, TaskError
-from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
+from canary.idle import Backoff, cpu_times, tight_timer_slack, workers_fit_cores
 from canary.messages import (
     Abort,
     MigrateData,
@@ -135,6 +135,16 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             return task, True
         return carry(handle(ev), task, resume)
 
+    cpu_then = cpu_times()
+
+    def tick(now: float, idle: float) -> Tick:
+        """The report tick, with the CPU time used and waited for since the last one."""
+        nonlocal cpu_then
+        cpu_now = cpu_times()
+        on_cpu, waited = cpu_now[0] - cpu_then[0], cpu_now[1] - cpu_then[1]
+        cpu_then = cpu_now
+        return Tick(local_event_id(rank, next(ids)), now, idle, on_cpu, waited)
+
     task: Task | None = None  # handed out by the state, not yet run
     resume = False  # the state yielded: feed it Resume once the sends before it are out
     for ins in state.start():
@@ -221,8 +231,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                     batch //= 2
             if now >= next_report:
                 next_report = now + report_s
-                task, resume = carry(handle(Tick(local_event_id(rank, next(ids)), now - t0,
-                                                 idle)), task, resume)
+                task, resume = carry(handle(tick(now - t0, idle)), task, resume)
                 idle = 0.0
             continue
         if stats is not None and state.done_sent and "t_done" not in stats:
@@ -233,8 +242,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             idle_since = now
         if now >= next_report:
             next_report = now + report_s
-            task, resume = carry(handle(Tick(local_event_id(rank, next(ids)), now - t0,
-                                             idle + now - idle_since)), task, resume)
+            task, resume = carry(handle(tick(now - t0, idle + now - idle_since)), task, resume)
             idle = 0.0
             idle_since = now
             if task is not None or resume:
