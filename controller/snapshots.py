@@ -76,8 +76,8 @@ class ControllerSnapshots:
     def _next_eid(self) -> int:  # ControllerState
         raise NotImplementedError
 
-    def _broadcast(self, make: Any) -> list[Any]:
-        return [self._send(worker_rank(w), make()) for w in range(self.n_workers)]
+    def _broadcast(self, make: Any) -> list[Any]:  # ControllerState
+        raise NotImplementedError
 
     def _maybe_snapshot(self) -> list[Any]:
         """On a tick: start a snapshot if one is due and nothing stands in its way."""

@@ -8,6 +8,7 @@ smoothly it receives only reports (if the driver asked for them) and, at the end
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -185,8 +186,7 @@ class ControllerState(ControllerSnapshots):
         if not started:
             return out
         update = self.map.copy()  # what the workers see: later moves must not change it
-        out += [self._send(worker_rank(w), Placement(self._next_eid(), update))
-                for w in range(self.n_workers)]
+        out += self._broadcast(lambda: Placement(self._next_eid(), update))
         out += [self._send(worker_rank(src), MigrateOut(self._next_eid(), move, g, i, dest,
                                                         self.map.version(g, i)))
                 for move, g, i, src, dest in started]
@@ -232,8 +232,7 @@ class ControllerState(ControllerSnapshots):
         if len(self.done) < self.n_workers or self.in_flight:
             return []
         self.finished = True
-        return [self._send(worker_rank(w), Shutdown(self._next_eid()))
-                for w in range(self.n_workers)] + [Finish(self._cause)]
+        return self._broadcast(lambda: Shutdown(self._next_eid())) + [Finish(self._cause)]
 
     # ------------------------------------------------------------------------
     def _on_hello(self, ev: Hello) -> list[Any]:
@@ -245,8 +244,8 @@ class ControllerState(ControllerSnapshots):
             return []
         self.map = PartitionMap.initial([g[0].partitions for g in self.program.groups],
                                         self.n_workers)
-        return [self._send(worker_rank(w), Placement(self._next_eid(), self.map.copy()))
-                for w in range(self.n_workers)]
+        placed = self.map
+        return self._broadcast(lambda: Placement(self._next_eid(), placed.copy()))
 
     def _on_report(self, ev: ReportPart) -> list[Any]:
         stage = self.program.stages[ev.stage]
@@ -269,12 +268,16 @@ class ControllerState(ControllerSnapshots):
 
     def _fail(self, reason: str, error: type[CanaryError]) -> list[Any]:
         self.failed = reason
-        return [self._send(worker_rank(w), Abort(self._next_eid(), reason))
-                for w in range(self.n_workers)] + [Fail(reason, error, self._cause)]
+        return self._broadcast(lambda: Abort(self._next_eid(), reason)) + [
+            Fail(reason, error, self._cause)]
 
     def _next_eid(self) -> int:
         self._eid += 1
         return self._eid
+
+    def _broadcast(self, make: Callable[[], Any]) -> list[Any]:
+        """Send every worker a message of its own, ``make()`` (each gets its own eid)."""
+        return [self._send(worker_rank(w), make()) for w in range(self.n_workers)]
 
     def _send(self, dest: int, msg: Any) -> Send:
         name = type(msg).__name__
