@@ -226,8 +226,12 @@ def run_local(
 
     for w, st in enumerate(states):
         apply_worker(w, st.start())
-    if checkpoint is not None:  # the clock that makes snapshots due (virtual time)
-        push(1.0, CONTROLLER, Tick(local_event_id(CONTROLLER, 0), 1.0))
+    # The clock that makes snapshots due (virtual time): one tick a unit, each pushing the next
+    # while other events remain (chaos ticks, too, reach the controller, but start no clock).
+    clock: Tick | None = None
+    if checkpoint is not None:
+        clock = Tick(local_event_id(CONTROLLER, 0), 1.0)
+        push(1.0, CONTROLLER, clock)
     while heap and not outcome:
         now, _, dest, item = heapq.heappop(heap)
         events += 1
@@ -236,8 +240,9 @@ def run_local(
         if stop_after is not None and events > stop_after:
             raise JobStopped(f"run_local: stopped after event {stop_after} (stop_after)")
         if dest == CONTROLLER:
-            if isinstance(item, Tick) and checkpoint is not None and heap:
-                push(now + 1.0, CONTROLLER, Tick(local_event_id(CONTROLLER, counter + 1), now + 1.0))
+            if item is clock and heap:
+                clock = Tick(local_event_id(CONTROLLER, counter + 1), now + 1.0)
+                push(now + 1.0, CONTROLLER, clock)
             if isinstance(item, ReportPart):
                 item.seconds = time.perf_counter() - t0  # wall time, as on MPI
             for ins in ctrl.handle(item):
