@@ -440,25 +440,22 @@ def rank_lost(end: JobEnd, status: int) -> bool:
     if status == 0 or end.stopped_by is not None or end.timed_out is not None:
         return False
     rec = end.records
-    if not rec.starts:  # no records (ranks on other hosts): a signal is all there is to go on
-        return status >= 128
-    return any(r not in end.aborts for r in rec.gone)
+    if rec.gone:  # a sentinel saw its rank end without finishing
+        return any(r not in end.aborts for r in rec.gone)
+    # no records of the ranks (on other hosts, say): a signal is all there is to go on
+    return not rec.starts and status >= 128
 
 
-def supervise(command: list[str], env: dict[str, str], ranks: int, hydra: bool) -> int:
+def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bool
+                  ) -> tuple[int, bool]:
     """Run the mpiexec ``command`` (``ranks`` ranks, started by ``python -m canary.ranks``)
-    to its end and return ``canary run``'s exit status (see :func:`verdict`).
+    to its end; return ``canary run``'s exit status (see :func:`verdict`) and whether the job
+    ended because a rank died (:func:`rank_lost`).
 
     ``hydra``: the command carries :func:`hydra_options`, and the output goes through
     :class:`OutputFilter`; otherwise mpiexec writes straight to this process's stdout and
     stderr. Raises OSError if mpiexec cannot be started.
     """
-    return supervise_job(command, env, ranks, hydra)[0]
-
-
-def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bool
-                  ) -> tuple[int, bool]:
-    """:func:`supervise`, also saying whether a rank died (:func:`rank_lost`)."""
     folder = tempfile.mkdtemp(prefix="canary-run-")
     stopper = _Stopper()
     stopper.install()

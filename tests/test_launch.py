@@ -23,7 +23,7 @@ from canary.launch import (
     OutputFilter,
     how_it_ended,
     sentinel_command,
-    supervise,
+    supervise_job,
     verdict,
 )
 from canary.ranks import Gone, RankRun, RankStart, RunRecords, read_records
@@ -307,9 +307,9 @@ def test_supervise_passes_another_mpis_output_through_and_reads_the_records(
             "import os; print('rank output', flush=True); os._exit(0)"]
     env = run_env(tmp_path)
     del env[RUN_DIR]  # supervise makes the run folder
-    status = supervise(fake, env, ranks=1, hydra=False)
+    status, lost = supervise_job(fake, env, ranks=1, hydra=False)
     out, err = capfd.readouterr()
-    assert out == "rank output\n" and status == 1
+    assert out == "rank output\n" and status == 1 and lost  # it ended without finishing
     assert err == ("canary: rank 0 (controller) exited with status 0 before the job finished; "
                    f"{LOST}\n")
 
