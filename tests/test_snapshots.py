@@ -245,3 +245,24 @@ def test_canary_snapshots_lists_one_json_line_per_snapshot(
         assert r["program"] == "logistic_regression" and r["position"].startswith("before ")
     assert main(["snapshots", str(folder / "nope")]) == 2
     assert "no such checkpoint directory" in capsys.readouterr().err
+
+
+def test_a_resumed_driver_declares_its_partitions_for_the_snapshots_worker_count(
+        three_snapshots: tuple[Path, dict[str, list[np.ndarray]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from canary.driver import RESUME_ENV, planned_workers
+
+    class Comm:  # what planned_workers asks of a communicator
+        def Get_size(self) -> int:
+            return 4  # a controller and 3 workers
+
+    folder, _ = three_snapshots
+    monkeypatch.delenv(RESUME_ENV, raising=False)
+    assert planned_workers(Comm()) == 3
+    snap = choose(str(folder))[0]
+    monkeypatch.setenv(RESUME_ENV, snap.path)
+    assert planned_workers(Comm()) == 2  # the snapshot was taken on 2
+    # so an app's default partitions are the snapshot's, and the resumed program is the same
+    args = lr.parse_args(["--generate", "300,4", "--max-iter", "12", "--tol", "1e-300"])
+    assert lr.build(args, planned_workers(Comm()))[0].digest == lr.build(args, 2)[0].digest
+    assert lr.build(args, 3)[0].digest != lr.build(args, 2)[0].digest
