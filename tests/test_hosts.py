@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,19 +144,29 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 
+def summary_of(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The app's JSON summary, its last line of output; a failure shows all of the output (once,
+    under load, the last line was something else, not seen since)."""
+    try:
+        return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        pytest.fail(f"the last line is not the app's JSON summary\nstdout:\n{r.stdout[-3000:]}"
+                    f"\nstderr:\n{r.stderr[-3000:]}")
+
+
 def test_canary_run_with_a_hostfile_naming_this_machine_and_localhost(tmp_path: Path) -> None:
     path = hostfile(tmp_path, f"{socket.gethostname()}:1\nlocalhost:2\n")
     r = run_cli("-n", "2", "-f", path, "--ppn", "2", "-v", "apps/logistic_regression.py",
                 "--generate", "2000,5", "--max-iter", "3", "--print-every", "0")
     assert r.returncode == 0, r.stderr
     assert f"--ppn 2 is more than the 1 slots of host {socket.gethostname()}" in r.stderr
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    summary = summary_of(r)
     assert summary["workers"] == 2 and summary["iterations"] == 3
     # without -n: the hostfile's 3 slots are 2 workers and the controller
     r = run_cli("-f", path, "apps/logistic_regression.py", "--generate", "2000,5",
                 "--max-iter", "2", "--print-every", "0")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1])["workers"] == 2
+    assert summary_of(r)["workers"] == 2
 
 
 def test_canary_run_refuses_a_bad_hostfile_before_starting_anything(
