@@ -40,6 +40,12 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    have measured the new placement; a partition it moved does not go back to where it came
    from. Equal workers, or workers whose imbalance no move can reduce by ``min_gain``, see no
    move at all.
+6. It then checks that the moves paid: the job's pace (the program positions the workers
+   report, per second) over the ``patience`` rounds after, against the ``patience`` rounds
+   that led to the moves. If the job got more than ``undo_margin`` (5%) slower, the model was
+   wrong (a worker that loses its CPU to another process in short bursts loses about as much
+   time whatever it holds), so the partitions go back where they were and the policy makes no
+   move for ``quiet_rounds`` (20) rounds of reports, twice that after a second undo, and so on.
 """
 
 from __future__ import annotations
@@ -121,6 +127,8 @@ class _Partition:
 @dataclass
 class _Worker:
     pace: float = 1.0  # smoothed fraction of its active time not spent waiting for a CPU
+    progress: float = 0.0  # program positions a second over its last report interval
+    seq: int | None = None  # its program position at its last report
     reports: int = 0
     fresh: bool = False  # reported since the last decision
     done: bool = False
@@ -137,7 +145,8 @@ class BalancePolicy:
     def __init__(self, n_workers: int, seed: int = 0, threshold: float = 0.10,
                  patience: int = 3, min_gain: float = 0.02, smoothing: float = 0.5,
                  horizon_s: float = 10.0, bandwidth: float = 1e9, latency_s: float = 1e-3,
-                 max_moves: int = 8, settle: int = 2) -> None:
+                 max_moves: int = 8, settle: int = 2, undo_margin: float = 0.05,
+                 quiet_rounds: int = 20) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         self.n_workers = n_workers
@@ -151,10 +160,16 @@ class BalancePolicy:
         self.latency_s = latency_s
         self.max_moves = max_moves
         self.settle = settle
+        self.undo_margin = undo_margin
+        self.quiet_rounds = quiet_rounds
         self.parts: dict[tuple[int, int], _Partition] = {}
         self.workers = [_Worker() for _ in range(n_workers)]
         self._over = 0  # consecutive decisions that found the load uneven
         self._wait_rounds = 0  # report rounds to wait before judging again
+        self._paces: list[float] = []  # the job's pace at the decisions since the last moves
+        # the last round of moves ((group, index, from, to)) and the pace before it, until judged
+        self._trial: tuple[list[tuple[int, int, int, int]], float] | None = None
+        self._undos = 0
         self.decisions: list[str] = []  # why each move was made, for the progress line
 
     # ------------------------------------------------------------------ reports
@@ -165,6 +180,9 @@ class BalancePolicy:
         w.done = rep.done
         held = set()
         interval = max(rep.interval, 1e-9)
+        if w.seq is not None:
+            w.progress = max(rep.seq - w.seq, 0) / interval
+        w.seq = rep.seq
         # The time a worker was not idle is its partitions' time, shared out as their tasks'
         # seconds: a worker that shares its core with another job spends much of that time
         # waiting for the CPU between tasks, which its tasks' own durations do not show.
@@ -241,6 +259,13 @@ class BalancePolicy:
         if self._wait_rounds:
             self._wait_rounds -= 1
             return []
+        # workers step through the program together: the job's pace is theirs
+        self._paces.append(statistics.fmean(w.progress for w in workers))
+        if self._trial is not None:
+            if len(self._paces) < self.patience:
+                return []
+            return self._judge(ctrl)
+        del self._paces[:-self.patience]
         speeds = self.speeds()
         loads = self.loads()
         work = {k: p.cost * speeds[p.holder] for k, p in self.parts.items() if p.holder >= 0}
@@ -255,7 +280,33 @@ class BalancePolicy:
         if moves:
             self._over = 0
             self._wait_rounds = self.settle
+            before = statistics.fmean(self._paces[-self.patience:])
+            self._trial = ([(g, i, self.parts[(g, i)].holder, dst) for g, i, dst, _ in moves],
+                           before)
+            self._paces = []
         return moves
+
+    def _judge(self, ctrl: Any) -> list[tuple[int, int, int, str]]:
+        """The last round of moves, ``patience`` fresh rounds after it settled: the moves back
+        if the job got slower by more than ``undo_margin``, else none."""
+        assert self._trial is not None
+        moved, before = self._trial
+        after = statistics.fmean(self._paces)
+        self._trial = None
+        self._paces = []
+        if before <= 0 or after >= (1 - self.undo_margin) * before:
+            return []
+        back = []
+        for g, i, src, dst in moved:
+            if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
+                self.parts[(g, i)].came_from = dst
+                back.append((g, i, src, f"the last moves made the job {1 - after / before:.0%} "
+                                        f"slower, not faster: moving partition {i} back to worker "
+                                        f"{src}"))
+        self._undos += 1
+        self._wait_rounds = self.settle + self.quiet_rounds * 2 ** (self._undos - 1)
+        self._over = 0
+        return back
 
     def _plan(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
               ideal: float, ctrl: Any) -> list[tuple[int, int, int, str]]:

@@ -2,7 +2,8 @@
 
 A small closed loop stands in for a job: partitions of known work on workers of known speeds;
 each round every worker reports the seconds its partitions took (work / speed, at the pace of
-the slowest worker) and the policy's moves are applied once they are "done".
+the slowest worker) and its program position (one iteration of 10 stages a round), and the
+policy's moves are applied once they are "done".
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Job:
         keys = sorted(parts)
         self.ctrl = FakeController(n, {k: k[1] * n // (1 + max(i for _, i in keys)) for k in keys})
         self.moves: list[tuple[int, int, int]] = []
+        self.seq = 0  # the program position every worker reports: 10 stages a round
 
     def loads(self) -> list[float]:
         """Seconds of work each worker has per round."""
@@ -56,6 +58,7 @@ class Job:
 
     def round(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
         period = max(self.loads())  # the slowest worker sets the pace
+        self.seq += 10
         for w in range(len(self.speeds)):
             busy = []
             for k, owner in sorted(self.ctrl.owners.items()):
@@ -63,7 +66,7 @@ class Job:
                     secs = self.work[k] / self.speeds[w] * (1 + self.rng.uniform(-1, 1) * self.noise)
                     busy.append((k[0], k[1], secs, self.nbytes))
             idle = max(period - sum(b[2] for b in busy), 0.0)  # it waits for the slowest
-            policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, 0, False), now)
+            policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, False), now)
         moves = policy.decide(now, self.ctrl)
         for g, i, dest, _ in moves:  # done by the next round
             self.ctrl.owners[(g, i)] = dest
@@ -202,14 +205,15 @@ class CompetedJob(Job):
 
     def round(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
         period = max(self.loads())
+        self.seq += 10
         for w in range(len(self.speeds)):
             busy = [(k[0], k[1], self.work[k] / self.speeds[w], self.nbytes)
                     for k, owner in sorted(self.ctrl.owners.items()) if owner == w]
             tasks = sum(b[2] for b in busy)
             waited = tasks * self.lost / (1 - self.lost) if w == self.victim else 0.0
             cpu, wait = (tasks, waited) if self.measured else (0.0, 0.0)
-            policy.report(LoadReport(0, w, period, tuple(busy), period - tasks, 10, 0, False,
-                                     cpu, wait), now)
+            policy.report(LoadReport(0, w, period, tuple(busy), period - tasks, 10, self.seq,
+                                     False, cpu, wait), now)
         moves = policy.decide(now, self.ctrl)
         for g, i, dest, _ in moves:
             self.ctrl.owners[(g, i)] = dest
@@ -240,3 +244,63 @@ def test_without_cpu_times_the_lost_time_looks_idle_and_nothing_moves() -> None:
     for r in range(40):
         job.round(policy, r * 0.5)
     assert job.moves == []
+
+
+class LaggingJob(CompetedJob):
+    """A worker that loses its CPU in short bursts at every hop of every iteration (a busy
+    process on its core; tasks much shorter than the scheduler's time slice): every iteration
+    waits ``lag`` longer for it, whatever it holds, as long as it holds anything. Its reports
+    show the waits, as in :class:`CompetedJob`, so the policy takes it for slow; moving its
+    partitions away only loads the other worker."""
+
+    def __init__(self, lag: float, **kw: object) -> None:
+        super().__init__(1, 0.0, True, **kw)  # type: ignore[arg-type]
+        self.lag = lag
+
+    def loads(self) -> list[float]:
+        return Job.loads(self)
+
+    def round(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
+        holds = any(w == self.victim for w in self.ctrl.owners.values())
+        period = max(self.loads()) + (self.lag if holds else 0.0)
+        self.seq += 10
+        for w in range(len(self.speeds)):
+            busy = [(k[0], k[1], self.work[k] / self.speeds[w], self.nbytes)
+                    for k, owner in sorted(self.ctrl.owners.items()) if owner == w]
+            tasks = sum(b[2] for b in busy)
+            waited = self.lag if w == self.victim else 0.0
+            policy.report(LoadReport(0, w, period, tuple(busy), period - tasks - waited, 10,
+                                     self.seq, False, tasks, waited), now)
+        moves = policy.decide(now, self.ctrl)
+        for g, i, dest, _ in moves:
+            self.ctrl.owners[(g, i)] = dest
+            self.moves.append((g, i, dest))
+        return moves
+
+
+def test_moves_that_slow_the_job_are_undone_and_not_retried_for_a_while() -> None:
+    job = LaggingJob(4.0, speeds=[1.0, 1.0], parts=uniform(2, 8))
+    start = dict(job.ctrl.owners)
+    policy = BalancePolicy(2, quiet_rounds=20)
+    said: list[tuple[int, str]] = []
+    for r in range(60):
+        said += [(r, why) for *_, why in job.round(policy, r * 0.5)]
+    out = [m for m in job.moves if m[2] == 0]
+    back = [m for m in job.moves if m[2] == 1]
+    assert out, "the waits should have looked like a slow worker"
+    assert sorted(back) == sorted((g, i, 1) for g, i, _ in out)  # every one of them back
+    assert job.ctrl.owners == start
+    undone = [r for r, why in said if "slower, not faster: moving partition" in why]
+    assert undone and "made the job" in said[-1][1]
+    # quiet for 20 rounds of reports after the undo (plus the settling ones), then it may try
+    # once more; never back and forth every few rounds
+    moved_at = sorted({r for r, _ in said})
+    assert all(b - a > 20 for a, b in zip(moved_at, moved_at[1:]) if a in undone)
+
+
+def test_moves_that_speed_the_job_up_stay() -> None:
+    job = Job([1.0, 1.0 / 3], uniform(2, 8))
+    policy = BalancePolicy(2)
+    for r in range(100):
+        job.round(policy, r * 0.5)
+    assert job.moves and all(dest == 0 for _, _, dest in job.moves)
