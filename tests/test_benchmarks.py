@@ -389,6 +389,25 @@ def test_straggler_quick_prints_each_run_and_a_summary() -> None:
     assert set(summary["over_ideal"]) == {"logistic_regression/slowdown"}
 
 
+@pytest.mark.parametrize("workers,factor", [(2, 2.0), (2, 3.0), (3, 3.0), (3, 1.5)])
+def test_straggler_best_split_is_the_best_of_every_placement(workers: int, factor: float) -> None:
+    import itertools
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.straggler import best_split
+
+    speeds = [1.0] * (workers - 1) + [1.0 / factor]
+    for ppw in (1, 2, 4):
+        total = workers * ppw
+        brute = min(max(n / s for n, s in zip(counts, speeds)) / total
+                    for counts in itertools.product(range(total + 1), repeat=workers)
+                    if sum(counts) == total)
+        assert best_split(workers, ppw, factor) == pytest.approx(brute)
+    # finer partitions never split worse
+    got = [best_split(workers, p, factor) for p in (1, 2, 4, 8, 16)]
+    assert all(b <= a + 1e-12 for a, b in zip(got, got[1:]))
+
+
 def test_migration_quick_moves_one_partition_and_times_it() -> None:
     rows = run_bench("migration.py", "--quick")
     warm, new, move, summary = rows
