@@ -121,7 +121,8 @@ def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
     times = [(b - a) / 1e3 for a, b in zip(ends, ends[1:])]  # ms
     return {"iteration_ms": times, "at_s": [(e - t0) / 1e6 for e in ends[1:]], "moves_s": moves,
             "migrations": summary["migrations"], "bytes_migrated": summary["bytes_migrated"],
-            "moves_said": proc.stderr.count("canary: moved partition")}
+            "moves_said": [line for line in proc.stderr.splitlines()
+                           if line.startswith("canary: moved partition")]}
 
 
 def loop_ends(events: list[dict[str, Any]]) -> list[float]:
@@ -263,7 +264,8 @@ def emit(row: dict[str, Any], run_: dict[str, Any]) -> dict[str, Any]:
     """Print ``row`` (with the run's iteration series, for the charts) and return it."""
     row = {**row, "steady_ms": round(row["steady_ms"], 4), "iterations": len(run_["iteration_ms"]),
            "series_ms": [round(t, 4) for t in run_["iteration_ms"]],
-           "series_at_s": [round(t, 4) for t in run_["at_s"]], "moves_s": run_["moves_s"]}
+           "series_at_s": [round(t, 4) for t in run_["at_s"]], "moves_s": run_["moves_s"],
+           "moves_said": run_["moves_said"]}
     print(json.dumps(row), flush=True)
     return row
 
