@@ -4,19 +4,20 @@ the MPI point-to-point bandwidth measured in the same run.
 Under ``mpiexec -n 3`` (a controller and two workers) the child first times ``--reps`` plain
 ``Send``/``Recv`` of the same number of bytes from worker 1 to worker 0 (the MPI bandwidth),
 then runs a job whose loop touches a few elements of each worker's big partition every
-iteration, with a scripted move (``controller.balance.ScriptedPolicy``) of worker 1's partition
-to worker 0 ``--at`` seconds in. The move's transfer time is from the source sending its values
-to the destination installing them (the ends of the two ``migrate`` trace spans). The MPI
-bandwidth is taken twice: into one buffer reused (MPI's copy alone: ``mpi_gbps``) and into new
-memory each time, mapped as canary maps a received array (``mpi_new_memory_gbps``), which is
-what receiving a partition needs. Iterations
-are timed from the loop test's trace records: the ``slowest_ms`` iteration, the one the move
-fell in, is compared with the median plus the transfer time it has to absorb.
+iteration, with ``--moves`` scripted moves (``controller.balance.ScriptedPolicy``) of worker 1's
+partition to worker 0 and back, the first ``--at`` seconds in and then every ``--every``
+seconds. A move's transfer time is from the source sending its values to the destination
+installing them (the ends of the two ``migrate`` trace spans of that move). The MPI bandwidth
+is taken twice: into one buffer reused (MPI's copy alone: ``mpi_gbps``) and into new memory each
+time, mapped as canary maps a received array (``mpi_new_memory_gbps``), which is what receiving
+a partition needs. Both it and the moves are the best of their repetitions (the median is
+printed too). Iterations are timed from the loop test's trace records: the ``slowest_ms``
+iteration a move fell in is compared with the median plus the transfer time it has to absorb.
 
-Prints JSON lines: the bandwidth probe, the move, then the summary
-(``move_over_mpi_bandwidth``: the move's throughput over the MPI bandwidth).
+Prints JSON lines: the bandwidth probes, one line per move, then the summary
+(``move_over_mpi_bandwidth``: the moves' throughput over the MPI bandwidth).
 
-    python benchmarks/migration.py              # 100 MB, ~30 s
+    python benchmarks/migration.py              # 100 MB, 5 moves, ~30 s
     python benchmarks/migration.py --quick      # 4 MB (tests)
 """
 
@@ -104,8 +105,9 @@ def child(args: argparse.Namespace) -> int:
     group = prog.finalize().group_of(prog.datasets[0])
     tracer = Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}", loop_only=True)
     if rank == 0:
-        res = run_controller(prog, job, tracer=tracer,
-                             policy=ScriptedPolicy([(args.at, group, 1, 0)]))
+        script = [(args.at + k * args.every, group, 1, 0 if k % 2 == 0 else 1)
+                  for k in range(args.moves)]
+        res = run_controller(prog, job, tracer=tracer, policy=ScriptedPolicy(script))
     else:
         run_worker(prog, job, WorkerConfig.from_env(), tracer=tracer)
         res = None
@@ -121,8 +123,10 @@ def child(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=100.0)
-    ap.add_argument("--iters", type=int, default=60000)
+    ap.add_argument("--iters", type=int, default=150000)
     ap.add_argument("--at", type=float, default=0.5, help="seconds into the job to move")
+    ap.add_argument("--moves", type=int, default=5, help="moves there and back")
+    ap.add_argument("--every", type=float, default=0.5, help="seconds between moves")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -131,14 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args)
     if args.quick:
-        args.mb, args.iters, args.at, args.reps = 4.0, 20000, 0.2, 2
+        args.mb, args.iters, args.at, args.reps, args.moves, args.every = 4.0, 20000, 0.2, 2, 2, 0.2
     from canary.cli import find_mpiexec, mpiexec_env
 
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "trace.json")
         cmd = [find_mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py", __file__, "--child",
                "--mb", str(args.mb), "--iters", str(args.iters), "--at", str(args.at),
-               "--reps", str(args.reps), "--trace", trace]
+               "--reps", str(args.reps), "--moves", str(args.moves), "--every", str(args.every),
+               "--trace", trace]
         env = mpiexec_env(600, str(ROOT))
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=660)
         if proc.returncode != 0:
@@ -150,29 +155,46 @@ def main(argv: list[str] | None = None) -> int:
     job = next(x for x in lines if x.get("job"))
     for p in probes.values():
         print(json.dumps(p))
-    spans = {e["name"]: e for e in events if e.get("cat") == "migration"}
-    if len(spans) < 2:
-        print(f"migration.py: no move was traced ({job}); spans: {sorted(spans)}", file=sys.stderr)
-        return 1
-    sent = spans["migrate out"]["ts"] + spans["migrate out"]["dur"]
-    installed = spans["migrate in"]["ts"] + spans["migrate in"]["dur"]
-    transfer = (installed - sent) / 1e6
-    ends = sorted(e["ts"] + e["dur"] for e in events
-                  if e.get("cat") == "task" and e["name"] == "while_loop")
-    gaps = [(b - a) / 1e3 for a, b in zip(ends, ends[1:])]
+    ends: dict[tuple[int, str], float] = {}
+    nbytes: dict[int, int] = {}
+    for e in events:
+        if e.get("cat") == "migration":
+            ends[(e["args"]["move"], e["name"])] = e["ts"] + e["dur"]
+            if e["name"] == "migrate in":
+                nbytes[e["args"]["move"]] = e["args"]["bytes"]
+    loop_ends = sorted(e["ts"] + e["dur"] for e in events
+                       if e.get("cat") == "task" and e["name"] == "while_loop")
+    gaps = [(b - a) / 1e3 for a, b in zip(loop_ends, loop_ends[1:])]
     median = statistics.median(gaps)
-    around = max((b - a) / 1e3 for a, b in zip(ends, ends[1:]) if a <= installed and b >= sent)
-    move = {"move": "partition", "bytes": job["bytes_migrated"], "transfer_s": round(transfer, 6),
-            "gbps": round(job["bytes_migrated"] / transfer / 1e9, 3),
-            "iteration_median_ms": round(median, 4), "slowest_ms": round(around, 3),
-            "explained_ms": round(median + transfer * 1e3, 3)}
-    print(json.dumps(move))
+    moves = []
+    for move in sorted({m for m, _ in ends}):
+        if (move, "migrate out") not in ends or (move, "migrate in") not in ends:
+            continue
+        sent, installed = ends[(move, "migrate out")], ends[(move, "migrate in")]
+        transfer = (installed - sent) / 1e6
+        around = max((b - a) / 1e3 for a, b in zip(loop_ends, loop_ends[1:])
+                     if a <= installed and b >= sent)
+        row = {"move": move, "bytes": nbytes[move], "transfer_s": round(transfer, 6),
+               "gbps": round(nbytes[move] / transfer / 1e9, 3),
+               "iteration_median_ms": round(median, 4), "slowest_ms": round(around, 3),
+               "explained_ms": round(median + transfer * 1e3, 3)}
+        print(json.dumps(row))
+        moves.append(row)
+    if len(moves) < args.moves:
+        print(f"migration.py: {len(moves)} of {args.moves} moves were traced ({job})",
+              file=sys.stderr)
+        return 1
+    best = max(m["gbps"] for m in moves)
     warm, new = probes["mpi_send"]["gbps"], probes["mpi_send_new_memory"]["gbps"]
-    print(json.dumps({"summary": "migration", "mb": args.mb,
-                      "mpi_gbps": warm, "mpi_new_memory_gbps": new, "move_gbps": move["gbps"],
-                      "move_over_mpi_bandwidth": round(move["gbps"] / warm, 3),
-                      "move_over_mpi_new_memory": round(move["gbps"] / new, 3),
-                      "slowest_over_explained": round(around / move["explained_ms"], 3),
+    print(json.dumps({"summary": "migration", "mb": args.mb, "moves": len(moves),
+                      "mpi_gbps": warm, "mpi_new_memory_gbps": new, "move_gbps": best,
+                      "move_median_gbps": statistics.median(m["gbps"] for m in moves),
+                      "mpi_median_gbps": round(args.mb * 2**20 / statistics.median(
+                          probes["mpi_send"]["seconds"]) / 1e9, 3),
+                      "move_over_mpi_bandwidth": round(best / warm, 3),
+                      "move_over_mpi_new_memory": round(best / new, 3),
+                      "slowest_over_explained": max(round(m["slowest_ms"] / m["explained_ms"], 3)
+                                                    for m in moves),
                       "migrations": job["migrations"]}))
     return 0
 

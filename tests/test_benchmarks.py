@@ -408,14 +408,18 @@ def test_straggler_best_split_is_the_best_of_every_placement(workers: int, facto
     assert all(b <= a + 1e-12 for a, b in zip(got, got[1:]))
 
 
-def test_migration_quick_moves_one_partition_and_times_it() -> None:
+def test_migration_quick_moves_a_partition_there_and_back_and_times_each_move() -> None:
     rows = run_bench("migration.py", "--quick")
-    warm, new, move, summary = rows
+    warm, new, *moves, summary = rows
     assert (warm["probe"], new["probe"]) == ("mpi_send", "mpi_send_new_memory")
     assert warm["bytes"] == new["bytes"] == 4 * 2**20 and warm["gbps"] > 0 and new["gbps"] > 0
-    assert 4 * 2**20 <= move["bytes"] < 4 * 2**20 + 1024 and move["transfer_s"] > 0  # + a tiny
-    # partition of the same group (the moved group's other dataset)
-    assert summary["migrations"] == 1 and summary["move_over_mpi_bandwidth"] > 0
+    assert len(moves) == 2 and len({m["move"] for m in moves}) == 2
+    for move in moves:  # + a tiny partition of the same group (the moved group's other dataset)
+        assert 4 * 2**20 <= move["bytes"] < 4 * 2**20 + 1024 and move["transfer_s"] > 0
+        assert move["slowest_ms"] >= move["iteration_median_ms"]
+    assert summary["migrations"] == summary["moves"] == 2
+    assert summary["move_gbps"] == max(m["gbps"] for m in moves)
+    assert summary["move_over_mpi_bandwidth"] > 0
 
 
 def test_snapshot_quick_prints_write_overhead_recovery_and_summary() -> None:
