@@ -346,8 +346,11 @@ class BalancePolicy:
             lost = 1.0 - self.workers[src].pace
             cpu = (f", losing {lost:.0%} of its time waiting for a CPU (another process on its "
                    "core?)," if lost > 0.15 else "")
+            # a plan's later moves may even out what its first ones did, from a faster worker
+            slower = speeds[dst] / speeds[src]
+            who = (f"worker {src} is {slower:.2f}x slower than worker {dst}{cpu} and busier"
+                   if slower > 1.05 else f"worker {src} is the busiest")
             moves.append((key[0], key[1], dst,
-                          f"worker {src} is {speeds[dst] / speeds[src]:.2f}x slower than worker "
-                          f"{dst}{cpu} and busier ({top:.0%} of its time against an even "
-                          f"{ideal:.0%}); predicted {new_top:.0%} after"))
+                          f"{who} ({top:.0%} of its time against an even {ideal:.0%}); "
+                          f"predicted {new_top:.0%} after"))
         return moves

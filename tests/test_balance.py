@@ -304,3 +304,18 @@ def test_moves_that_speed_the_job_up_stay() -> None:
     for r in range(100):
         job.round(policy, r * 0.5)
     assert job.moves and all(dest == 0 for _, _, dest in job.moves)
+
+
+def test_a_plans_later_move_from_a_faster_worker_is_not_called_slower() -> None:
+    # moving worker 1's heavy partition overshoots; the plan's last move evens that out from
+    # worker 0, which is the busiest then but not the slower one
+    parts = {(0, 0): 1.0, (0, 1): 1.0, (0, 2): 1.0, (0, 3): 1.0,
+             (1, 0): 0.2, (1, 1): 0.2, (1, 2): 3.0, (1, 3): 0.2}
+    job = Job([1.0, 0.5], parts)
+    policy = BalancePolicy(2)
+    plan = next(moves for r in range(10) if (moves := job.round(policy, r * 0.5)))
+    reasons = [why for *_, why in plan]
+    assert reasons[0].startswith("worker 1 is ") and "x slower than worker 0" in reasons[0]
+    assert [g_i_dst[2] for g_i_dst in plan] == [0, 0, 1]
+    assert reasons[-1].startswith("worker 0 is the busiest (")
+    assert not any("0." in why.split("x slower")[0] for why in reasons if "x slower" in why)
