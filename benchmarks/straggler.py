@@ -9,7 +9,8 @@ partitions per worker (default 8), each scenario runs the app under ``canary run
 * ``slowdown``: the last worker's tasks take ``--factor`` (3) times as long
   (``CANARY_SLOWDOWN``, the engine spins for the difference);
 * ``competing``: a busy loop pinned to the last worker's core, every worker pinned to a core of
-  its own (``os.sched_setaffinity``), so that worker gets about half of its core.
+  its own (``os.sched_setaffinity``) and the controller to the first worker's, so the last
+  worker gets about half of its core.
 
 Each run's iterations are timed from the workers' own records of the loop test
 (``CANARY_TRACE_LEVEL=loop``) and each move from its trace span. The **ideal** iteration time
@@ -71,7 +72,8 @@ TARGET = 1.15
 
 
 def pinned_child() -> int:
-    """Run under mpiexec: pin this rank (a worker to a core of its own), then run the app."""
+    """Run under mpiexec: pin this rank (a worker to a core of its own, the controller to the
+    first worker's), then run the app."""
     import runpy
 
     # this folder holds benchmarks/apps.py, which would shadow the ``apps`` package
@@ -79,8 +81,11 @@ def pinned_child() -> int:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     rank = int(os.environ.get("PMI_RANK", "0"))
     cores = sorted(os.sched_getaffinity(0))
-    if rank > 0:
-        os.sched_setaffinity(0, {cores[(rank - 1) % len(cores)]})
+    # the controller shares the first worker's core, never the slowed one's: left free, it
+    # landed on the busy loop's core in some runs and not others, and the slowed worker lost
+    # its core to two processes instead of one (logistic regression's iteration: 2.8 against
+    # 3.2-3.4 ms, balancing off or on)
+    os.sched_setaffinity(0, {cores[max(rank - 1, 0) % len(cores)]})
     app = sys.argv[2]
     sys.argv = [app, *sys.argv[3:]]
     runpy.run_path(app, run_name="__main__")
