@@ -167,8 +167,9 @@ class BalancePolicy:
         self._over = 0  # consecutive decisions that found the load uneven
         self._wait_rounds = 0  # report rounds to wait before judging again
         self._paces: list[float] = []  # the job's pace at the decisions since the last moves
-        # the last round of moves ((group, index, from, to)) and the pace before it, until judged
-        self._trial: tuple[list[tuple[int, int, int, int]], float] | None = None
+        # the last round of moves ((group, index, from, to)), the pace before it and how many
+        # snapshots had started then, until judged
+        self._trial: tuple[list[tuple[int, int, int, int]], float, int] | None = None
         self._undos = 0
         self.decisions: list[str] = []  # why each move was made, for the progress line
 
@@ -282,18 +283,21 @@ class BalancePolicy:
             self._wait_rounds = self.settle
             before = statistics.fmean(self._paces[-self.patience:])
             self._trial = ([(g, i, self.parts[(g, i)].holder, dst) for g, i, dst, _ in moves],
-                           before)
+                           before, getattr(ctrl, "snapshots_started", 0))
             self._paces = []
         return moves
 
     def _judge(self, ctrl: Any) -> list[tuple[int, int, int, str]]:
         """The last round of moves, ``patience`` fresh rounds after it settled: the moves back
-        if the job got slower by more than ``undo_margin``, else none."""
+        if the job got slower by more than ``undo_margin``, else none. A snapshot taken since
+        the moves (the workers stood still while writing it) voids the comparison."""
         assert self._trial is not None
-        moved, before = self._trial
+        moved, before, snapshots = self._trial
         after = statistics.fmean(self._paces)
         self._trial = None
         self._paces = []
+        if getattr(ctrl, "snapshots_started", 0) != snapshots:
+            return []
         if before <= 0 or after >= (1 - self.undo_margin) * before:
             return []
         back = []

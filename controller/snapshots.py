@@ -67,6 +67,9 @@ class ControllerSnapshots:
         self._next_snap = first_id
         self._last_snap_at = 0.0
         self.snapshots_committed = 0
+        # a snapshot holds every worker still for a moment: the move policy reads this to leave
+        # those moments out of its before-and-after comparison of the job's pace
+        self.snapshots_started = 0
         self.tasks_base = 0 if resumed is None else int(resumed["tasks_run"])
         self._committing: dict[int, tuple[str, int]] = {}  # snap -> (position, bytes)
 
@@ -88,6 +91,7 @@ class ControllerSnapshots:
         snap = self._next_snap
         self._next_snap += 1
         self._last_snap_at = self._now
+        self.snapshots_started += 1
         self.snapshot = PendingSnapshot(snap, self._now)
         return self._broadcast(lambda: SnapshotAsk(self._next_eid(), snap))
 

@@ -319,3 +319,19 @@ def test_a_plans_later_move_from_a_faster_worker_is_not_called_slower() -> None:
     assert [g_i_dst[2] for g_i_dst in plan] == [0, 0, 1]
     assert reasons[-1].startswith("worker 0 is the busiest (")
     assert not any("0." in why.split("x slower")[0] for why in reasons if "x slower" in why)
+
+
+def test_a_snapshot_between_the_moves_and_their_check_voids_the_check() -> None:
+    # the same lagging worker as above, but a snapshot starts while the moves are judged: the
+    # workers stood still to write it, so the pace after says nothing about the moves
+    job = LaggingJob(4.0, speeds=[1.0, 1.0], parts=uniform(2, 8))
+    job.ctrl.snapshots_started = 0  # type: ignore[attr-defined]
+    policy = BalancePolicy(2, quiet_rounds=20)
+    for r in range(60):
+        if job.moves and not job.ctrl.snapshots_started:  # type: ignore[attr-defined]
+            job.ctrl.snapshots_started = 1  # type: ignore[attr-defined]
+        job.round(policy, r * 0.5)
+    first = job.moves[0]
+    assert first[2] == 0 and (first[0], first[1], 1) not in job.moves  # that round stays
+    # the rounds after it, with no snapshot in between, are judged (and undone) as before
+    assert any(dest == 1 for _, _, dest in job.moves[1:])
