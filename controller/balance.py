@@ -46,6 +46,8 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    wrong (a worker that loses its CPU to another process in short bursts loses about as much
    time whatever it holds), so the partitions go back where they were and the policy makes no
    move for ``quiet_rounds`` (20) rounds of reports, twice that after a second undo, and so on.
+   A snapshot started in between (``ctrl.snapshots_started`` changed: the workers stood still
+   to write it) voids the check.
 """
 
 from __future__ import annotations
