@@ -67,8 +67,12 @@ class Job:
                     busy.append((k[0], k[1], secs, self.nbytes))
             idle = max(period - sum(b[2] for b in busy), 0.0)  # it waits for the slowest
             policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, False), now)
+        return self.decide(policy, now)
+
+    def decide(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
+        """The policy's moves after a round's reports, done by the next round."""
         moves = policy.decide(now, self.ctrl)
-        for g, i, dest, _ in moves:  # done by the next round
+        for g, i, dest, _ in moves:
             self.ctrl.owners[(g, i)] = dest
             self.moves.append((g, i, dest))
         return moves
@@ -203,22 +207,31 @@ class CompetedJob(Job):
         out[self.victim] /= 1 - self.lost
         return out
 
+    def period(self) -> float:
+        """A round's length: the slowest worker sets the pace."""
+        return max(self.loads())
+
+    def waited(self, w: int, tasks: float) -> float:
+        """Seconds worker ``w`` waited for its CPU in a round whose tasks took ``tasks``."""
+        return tasks * self.lost / (1 - self.lost) if w == self.victim else 0.0
+
+    def idle(self, period: float, tasks: float, waited: float) -> float:
+        """What the worker's runtime counts as idle: here its waits too (they fall where it
+        has nothing to run, as far as it can tell)."""
+        return period - tasks
+
     def round(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
-        period = max(self.loads())
+        period = self.period()
         self.seq += 10
         for w in range(len(self.speeds)):
             busy = [(k[0], k[1], self.work[k] / self.speeds[w], self.nbytes)
                     for k, owner in sorted(self.ctrl.owners.items()) if owner == w]
             tasks = sum(b[2] for b in busy)
-            waited = tasks * self.lost / (1 - self.lost) if w == self.victim else 0.0
+            waited = self.waited(w, tasks)
             cpu, wait = (tasks, waited) if self.measured else (0.0, 0.0)
-            policy.report(LoadReport(0, w, period, tuple(busy), period - tasks, 10, self.seq,
-                                     False, cpu, wait), now)
-        moves = policy.decide(now, self.ctrl)
-        for g, i, dest, _ in moves:
-            self.ctrl.owners[(g, i)] = dest
-            self.moves.append((g, i, dest))
-        return moves
+            policy.report(LoadReport(0, w, period, tuple(busy), self.idle(period, tasks, waited),
+                                     10, self.seq, False, cpu, wait), now)
+        return self.decide(policy, now)
 
 
 @pytest.mark.parametrize("lost", [0.5, 0.6])  # a busy process taking half its core, or more
@@ -257,25 +270,15 @@ class LaggingJob(CompetedJob):
         super().__init__(1, 0.0, True, **kw)  # type: ignore[arg-type]
         self.lag = lag
 
-    def loads(self) -> list[float]:
-        return Job.loads(self)
-
-    def round(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
+    def period(self) -> float:
         holds = any(w == self.victim for w in self.ctrl.owners.values())
-        period = max(self.loads()) + (self.lag if holds else 0.0)
-        self.seq += 10
-        for w in range(len(self.speeds)):
-            busy = [(k[0], k[1], self.work[k] / self.speeds[w], self.nbytes)
-                    for k, owner in sorted(self.ctrl.owners.items()) if owner == w]
-            tasks = sum(b[2] for b in busy)
-            waited = self.lag if w == self.victim else 0.0
-            policy.report(LoadReport(0, w, period, tuple(busy), period - tasks - waited, 10,
-                                     self.seq, False, tasks, waited), now)
-        moves = policy.decide(now, self.ctrl)
-        for g, i, dest, _ in moves:
-            self.ctrl.owners[(g, i)] = dest
-            self.moves.append((g, i, dest))
-        return moves
+        return max(self.loads()) + (self.lag if holds else 0.0)
+
+    def waited(self, w: int, tasks: float) -> float:
+        return self.lag if w == self.victim else 0.0
+
+    def idle(self, period: float, tasks: float, waited: float) -> float:
+        return period - tasks - waited
 
 
 def test_moves_that_slow_the_job_are_undone_and_not_retried_for_a_while() -> None:
