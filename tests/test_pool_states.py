@@ -57,6 +57,20 @@ def program(name: str, parts: int = 3, iters: int = 6, scale: float = 1.0,
 
 
 # ---------------------------------------------------------------- queue policies
+def reducing_job(name: str, iters: int) -> canary.Program:
+    """Two partitions, each iteration a compute (the time) and a reduce onto one partition
+    (next to nothing): a task that feeds another worker, whose state yields after it."""
+    p = canary.Program(name)
+    x = p.dataset("x", 2)
+    s = p.dataset("s", 1)
+    p.load([x], lambda i, n: np.full(4, float(i)), name="load")
+    with p.loop(iters):
+        p.compute(lambda a: a + 1.0, [x], [x])
+        p.reduce(x, s)
+    p.report(s, name="final")
+    return p
+
+
 def _drain(q: JobQueue, now: float = 0.0) -> list[int]:
     order = []
     while len(q):
@@ -156,20 +170,9 @@ def test_weighted_fair_share_holds_on_a_pool_whose_tasks_feed_another_worker() -
     sends its partition to the reduce on the other worker (its state yields after it). While
     the weight-2 job runs, the weight-1 job gets a third of each worker's CPU time."""
 
-    def job(name: str, iters: int = 300) -> canary.Program:
-        p = canary.Program(name)
-        x = p.dataset("x", 2)
-        s = p.dataset("s", 1)
-        p.load([x], lambda i, n: np.full(4, float(i)), name="load")
-        with p.loop(iters):
-            p.compute(lambda a: a + 1.0, [x], [x])
-            p.reduce(x, s)
-        p.report(s, name="final")
-        return p
-
     for seed in range(3):
         # compute takes the time, the rest (the reduce, the loads) next to nothing
-        run = run_jobs_local([LocalJob(job(u), user=u, weight=w, task_time=0.01,
+        run = run_jobs_local([LocalJob(reducing_job(u, 300), user=u, weight=w, task_time=0.01,
                                        kind_time={"compute": 1.0})
                               for u, w in (("one", 1.0), ("two", 2.0))],
                              workers=2, policy="fair", seed=seed, mean_delay=0.01)
@@ -187,17 +190,6 @@ def test_hfsp_gives_the_lowest_mean_response_on_a_mixed_workload() -> None:
     (issue 20's size-based figure, in-process). A large job whose estimate came out low goes
     late; it must share the core with newcomers rather than hold it to its end."""
 
-    def job(name: str, iters: int) -> canary.Program:
-        p = canary.Program(name)
-        x = p.dataset("x", 2)
-        s = p.dataset("s", 1)
-        p.load([x], lambda i, n: np.full(4, float(i)), name="load")
-        with p.loop(iters):
-            p.compute(lambda a: a + 1.0, [x], [x])
-            p.reduce(x, s)
-        p.report(s, name="final")
-        return p
-
     for seed in (1, 2):
         rng = np.random.default_rng(seed)
         large = rng.random(40) < 0.1
@@ -206,7 +198,7 @@ def test_hfsp_gives_the_lowest_mean_response_on_a_mixed_workload() -> None:
         arrivals = np.cumsum(rng.exponential(float(iters.mean()) / 0.7, 40))
         mean = {}
         for policy in ("fifo", "fair", "hfsp"):
-            run = run_jobs_local([LocalJob(job(f"j{k}", int(n)), at=float(at), task_time=0.01,
+            run = run_jobs_local([LocalJob(reducing_job(f"j{k}", int(n)), at=float(at), task_time=0.01,
                                            kind_time={"compute": 1.0})
                                   for k, (n, at) in enumerate(zip(iters, arrivals))],
                                  workers=2, policy=policy, seed=seed, mean_delay=0.01)
