@@ -152,6 +152,32 @@ def test_a_busy_sender_releases_completed_send_buffers() -> None:
     assert out["in_flight"] <= 2, out  # the last send (maybe one more not yet seen done), not 31
 
 
+def test_large_arrays_arrive_whole_into_memory_mapped_ahead_of_the_receive() -> None:
+    # Arrays at and above PREFAULT_BYTES land in memory the transport maps before MPI copies
+    # into it (huge pages touched once a page, or MAP_POPULATE): a moving partition's values
+    # and a piece, 1-D and 2-D, 8- and 4-byte items, not a whole number of pages.
+    proc = mpirun(2, str(DRIVERS / "large_arrays.py"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = summary(proc.stdout)
+    n = (1 << 22) // 8
+    assert out["received"] == [[[n], "<f8"], [[n + 3], "<f8"], [[3 * n // 1000, 1000], "<f4"],
+                               [[5 * n], "<i8"]]
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_a_fresh_receive_array_is_writable_with_its_shape_either_way_it_is_mapped(
+        monkeypatch: pytest.MonkeyPatch, huge: bool) -> None:
+    import canary.mpi_transport as transport
+
+    monkeypatch.setattr(transport, "_HUGE_PAGES", huge and transport._huge_pages_offered())
+    for shape, dtype in (((transport.PREFAULT_BYTES // 8 + 1,), np.float64),
+                         ((1000, 1500), np.float32), ((10,), np.int16)):
+        a = transport._fresh_array(shape, np.dtype(dtype))
+        assert a.shape == shape and a.dtype == dtype and a.flags.writeable
+        a[...] = 3
+        assert int(a.sum()) == 3 * a.size
+
+
 @pytest.mark.parametrize("ranks", [3])
 def test_a_piece_in_flight_keeps_its_values_when_its_partition_is_updated_in_place(
         ranks: int) -> None:
