@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", default=None, metavar="DIR", help="write the charts here")
     ap.add_argument("--timeout", type=int, default=300)
     args = ap.parse_args(argv)
+    if args.micro_factor < 1 or args.factor < 1 or args.workers < 2 or args.ppw < 1:
+        ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2 "
+                 "and --ppw >= 1")
     W = args.workers
     slow = W - 1
     rows: list[dict[str, Any]] = []

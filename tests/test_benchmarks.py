@@ -408,6 +408,15 @@ def test_straggler_best_split_is_the_best_of_every_placement(workers: int, facto
     assert all(b <= a + 1e-12 for a, b in zip(got, got[1:]))
 
 
+@pytest.mark.parametrize("bad", [["--micro-factor", "0.5"], ["--factor", "0"],
+                                 ["--workers", "1"], ["--ppw", "0"]])
+def test_straggler_rejects_settings_it_cannot_model(bad: list[str]) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "straggler.py"), *bad],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--factor and --micro-factor must be >= 1" in proc.stderr
+
+
 def test_migration_quick_moves_a_partition_there_and_back_and_times_each_move() -> None:
     rows = run_bench("migration.py", "--quick")
     warm, new, *moves, summary = rows
