@@ -36,6 +36,10 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    the highest predicted load most, as long as a move lowers it by at least ``min_gain`` (2%
    of the ideal) and the time it saves over ``horizon_s`` (10 s) exceeds its transfer time
    (bytes over ``bandwidth``, 1 GB/s, plus ``latency_s``); at most ``max_moves`` (8) at once.
+   A partition never moves to a worker that loses more of its active time waiting for a CPU
+   than the worker it leaves, by more than ``wait_margin`` (10 points): such a worker answers
+   every message late whatever it holds, a lag its load does not show, so even a light
+   partition there (a model's weights, which every iteration waits on) can slow the whole job.
 5. After moving it waits: until every move is done and ``settle`` (2) more rounds of reports
    have measured the new placement; a partition it moved does not go back to where it came
    from. Equal workers, or workers whose imbalance no move can reduce by ``min_gain``, see no
@@ -148,7 +152,7 @@ class BalancePolicy:
                  patience: int = 3, min_gain: float = 0.02, smoothing: float = 0.5,
                  horizon_s: float = 10.0, bandwidth: float = 1e9, latency_s: float = 1e-3,
                  max_moves: int = 8, settle: int = 2, undo_margin: float = 0.05,
-                 quiet_rounds: int = 20) -> None:
+                 quiet_rounds: int = 20, wait_margin: float = 0.10) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         self.n_workers = n_workers
@@ -164,6 +168,7 @@ class BalancePolicy:
         self.settle = settle
         self.undo_margin = undo_margin
         self.quiet_rounds = quiet_rounds
+        self.wait_margin = wait_margin
         self.parts: dict[tuple[int, int], _Partition] = {}
         self.workers = [_Worker() for _ in range(n_workers)]
         self._over = 0  # consecutive decisions that found the load uneven
@@ -318,6 +323,11 @@ class BalancePolicy:
               ideal: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
         loads = list(loads)
         owner = {k: p.holder for k, p in self.parts.items()}
+        # A worker that waits for its CPU (another process on its core) answers every message
+        # late, whatever it holds: that lag is not in its load, so a partition moved onto it can
+        # stall the whole job (a model's weights, which every iteration waits on, did). Such a
+        # worker takes no partition from one that waits markedly less.
+        paces = [w.pace for w in self.workers]
         moves: list[tuple[int, int, int, str]] = []
         while len(moves) < self.max_moves:
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
@@ -328,7 +338,8 @@ class BalancePolicy:
                 if ctrl.moving(*key) or any(m[:2] == key for m in moves):
                     continue
                 for dst in range(self.n_workers):
-                    if dst == src or dst == p.came_from:
+                    if (dst == src or dst == p.came_from
+                            or paces[dst] < paces[src] - self.wait_margin):
                         continue
                     after = list(loads)
                     after[src] -= p.cost if owner[key] == p.holder else work[key] / speeds[src]
