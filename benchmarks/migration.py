@@ -9,8 +9,8 @@ partition to worker 0 and back, the first ``--at`` seconds in and then every ``-
 seconds. A move's transfer time is from the source sending its values to the destination
 installing them (the ends of the two ``migrate`` trace spans of that move). The MPI bandwidth
 is taken twice: into one buffer reused (MPI's copy alone: ``mpi_gbps``) and into new memory each
-time, mapped as canary maps a received array (``mpi_new_memory_gbps``), which is what receiving
-a partition needs. Both it and the moves are the best of their repetitions (the median is
+time, sent and mapped as canary sends and maps an array (``mpi_new_memory_gbps``), which is what
+receiving a partition needs. Both it and the moves are the best of their repetitions (the median is
 printed too). Iterations are timed from the loop test's trace records: the ``slowest_ms``
 iteration a move fell in is compared with the median plus the transfer time it has to absorb.
 
@@ -73,22 +73,28 @@ def child(args: argparse.Namespace) -> int:
     comm = world.Dup()
     nbytes = int(args.mb * 2**20)
     if rank in (1, 2):  # the MPI bandwidth between the two workers, same bytes
-        from canary.mpi_transport import _fresh_array
+        from canary.mpi_transport import receive_raw, send_raw
 
         buf = np.ones(nbytes // 8)
         rates = {}
         # into the same buffer every time (its pages mapped already: MPI's copy alone), and
-        # into new memory as a receiver of new data needs it (mapped the way canary maps it)
+        # into new memory as a receiver of new data needs it (sent and mapped the way canary
+        # sends and maps a received array: in chunks, each mapped just ahead of its copy)
         for probe in ("mpi_send", "mpi_send_new_memory"):
             times = []
             for _ in range(args.reps):
                 t0 = time.perf_counter()
                 if rank == 2:
-                    comm.Send(buf, dest=1, tag=7)
+                    if probe == "mpi_send":
+                        comm.Send(buf, dest=1, tag=7)
+                    else:
+                        MPI.Request.Waitall(send_raw(comm, buf, 1))
                     comm.Recv(buf[:1], source=1, tag=8)  # the receiver's ack closes the timing
                 else:
-                    into = buf if probe == "mpi_send" else _fresh_array(buf.shape, buf.dtype)
-                    comm.Recv(into, source=2, tag=7)
+                    if probe == "mpi_send":
+                        comm.Recv(buf, source=2, tag=7)
+                    else:
+                        receive_raw(comm, 2, buf.dtype, buf.shape)
                     comm.Send(buf[:1], dest=2, tag=8)
                 times.append(time.perf_counter() - t0)
             rates[probe] = nbytes / min(times)

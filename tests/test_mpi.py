@@ -152,10 +152,11 @@ def test_a_busy_sender_releases_completed_send_buffers() -> None:
     assert out["in_flight"] <= 2, out  # the last send (maybe one more not yet seen done), not 31
 
 
-def test_large_arrays_arrive_whole_into_memory_mapped_ahead_of_the_receive() -> None:
-    # Arrays at and above PREFAULT_BYTES land in memory the transport maps before MPI copies
-    # into it (huge pages touched once a page, or MAP_POPULATE): a moving partition's values
-    # and a piece, 1-D and 2-D, 8- and 4-byte items, not a whole number of pages.
+def test_large_arrays_arrive_whole_in_chunks_into_memory_mapped_ahead_of_the_receive() -> None:
+    # Arrays at and above PREFAULT_BYTES travel in chunks and land in memory the transport maps
+    # before MPI copies into it (huge pages touched once a page, or MAP_POPULATE): a moving
+    # partition's values and a piece, 1-D and 2-D, 8- and 4-byte items, not a whole number of
+    # pages, one chunk and several.
     proc = mpirun(2, str(DRIVERS / "large_arrays.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = summary(proc.stdout)
@@ -165,17 +166,27 @@ def test_large_arrays_arrive_whole_into_memory_mapped_ahead_of_the_receive() -> 
 
 
 @pytest.mark.parametrize("huge", [True, False])
-def test_a_fresh_receive_array_is_writable_with_its_shape_either_way_it_is_mapped(
+def test_a_raw_array_arrives_whole_and_writable_in_chunks_either_way_it_is_mapped(
         monkeypatch: pytest.MonkeyPatch, huge: bool) -> None:
+    # send_raw/receive_raw to this rank itself: one chunk and several, the last one short,
+    # received into huge pages touched chunk by chunk or into a MAP_POPULATE mapping
+    from mpi4py import MPI
+
     import canary.mpi_transport as transport
 
     monkeypatch.setattr(transport, "_HUGE_PAGES", huge and transport._huge_pages_offered())
-    for shape, dtype in (((transport.PREFAULT_BYTES // 8 + 1,), np.float64),
+    rng = np.random.default_rng(3)
+    for shape, dtype in (((2 * transport.PREFAULT_BYTES // 8 + 1,), np.float64),
                          ((1000, 1500), np.float32), ((10,), np.int16)):
-        a = transport._fresh_array(shape, np.dtype(dtype))
-        assert a.shape == shape and a.dtype == dtype and a.flags.writeable
-        a[...] = 3
-        assert int(a.sum()) == 3 * a.size
+        sent = (rng.standard_normal(shape) * 100).astype(dtype)
+        reqs = transport.send_raw(MPI.COMM_SELF, sent, 0)
+        assert len(reqs) == -(-sent.nbytes // transport.PREFAULT_BYTES)
+        got = transport.receive_raw(MPI.COMM_SELF, 0, sent.dtype, shape)
+        MPI.Request.Waitall(reqs)
+        assert got.shape == shape and got.dtype == dtype and got.flags.writeable
+        assert np.array_equal(got, sent)
+        got[...] = 3
+        assert int(got.sum()) == 3 * got.size
 
 
 @pytest.mark.parametrize("ranks", [3])

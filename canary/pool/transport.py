@@ -12,7 +12,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from canary.mpi_transport import INLINE_BYTES, TAG_BUF, TAG_CTRL, MpiTransport, _fresh_array
+from canary.mpi_transport import INLINE_BYTES, TAG_CTRL, MpiTransport, receive_raw, send_raw
 from canary.pool.messages import POOL, Envelope
 from canary.wire import pack, unpack
 
@@ -33,7 +33,7 @@ class JobTransport(MpiTransport):
         if buf is None:
             self._pending.append((r1,))
             return
-        self._pending.append((r1, self.comm.Isend(buf, dest, TAG_BUF), buf))
+        self._pending.append((r1, *send_raw(self.comm, buf, dest), buf))
 
     def _receive(self) -> tuple[int, Any] | None:
         st = self._status
@@ -43,8 +43,6 @@ class JobTransport(MpiTransport):
         job, payload = self.comm.recv(source=src, tag=TAG_CTRL)
         msg, raw = unpack(payload)
         if raw is not None:
-            buf = _fresh_array(raw[1], raw[0])
-            self.comm.Recv(buf, source=src, tag=TAG_BUF)
-            msg.array = buf
+            msg.array = receive_raw(self.comm, src, raw[0], raw[1])
         self.received += 1
         return src, (msg if job == POOL else Envelope(job, msg))
