@@ -73,7 +73,7 @@ def child(args: argparse.Namespace) -> int:
     comm = world.Dup()
     nbytes = int(args.mb * 2**20)
     if rank in (1, 2):  # the MPI bandwidth between the two workers, same bytes
-        from canary.mpi_transport import receive_raw, send_raw
+        from canary.mpi_transport import receive_raw, send_raw, wait_sent
 
         buf = np.ones(nbytes // 8)
         rates = {}
@@ -88,7 +88,7 @@ def child(args: argparse.Namespace) -> int:
                     if probe == "mpi_send":
                         comm.Send(buf, dest=1, tag=7)
                     else:
-                        MPI.Request.Waitall(send_raw(comm, buf, 1))
+                        wait_sent(send_raw(comm, buf, 1))
                     comm.Recv(buf[:1], source=1, tag=8)  # the receiver's ack closes the timing
                 else:
                     if probe == "mpi_send":

@@ -14,9 +14,13 @@ non-overtaking rule per (sender, tag) pairs each header with its buffer.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
+import sys
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -64,9 +68,54 @@ def send_raw(comm: MPI.Comm, buf: np.ndarray, dest: int) -> list[MPI.Request]:
             for o in range(0, flat.nbytes, PREFAULT_BYTES)]
 
 
+def wait_sent(requests: list[MPI.Request], receive: Callable[[], Any] = lambda: None,
+              keep: Callable[[Any], None] = lambda got: None) -> None:
+    """Wait until ``requests`` (a :func:`send_raw`'s) complete, calling ``receive`` meanwhile and
+    passing ``keep`` what it returns other than None (so that two ranks sending each other
+    large arrays cannot wait for each other forever). Sleeps briefly between tests rather than
+    spinning: the receiver maps its memory meanwhile, maybe on this core."""
+    backoff = Backoff(min_sleep=1e-5, max_sleep=1e-4)
+    while not MPI.Request.Testall(requests):
+        got = receive()
+        if got is not None:
+            keep(got)
+            backoff.reset()
+        backoff.sleep()
+
+
+# Linux 5.14+ maps (zeroed) pages for a range in one call. Called through ctypes, which lets go
+# of the GIL, it runs in a helper thread while MPI copies the chunk before.
+_MADV_POPULATE_WRITE = 23
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+if _LIBC is not None:
+    _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def _map_ahead(addr: int, nbytes: int, ready: threading.Semaphore, failed: list[int]) -> None:
+    """Map ``nbytes`` from ``addr`` a chunk at a time, releasing ``ready`` once per chunk (every
+    chunk's release comes, whatever happens). After a chunk the kernel will not map this way
+    (an older kernel), or any error, it notes that in ``failed`` and maps no more."""
+    chunks = range(0, nbytes, PREFAULT_BYTES)
+    released = 0
+    try:
+        for o in chunks:
+            if not failed and (_LIBC is None or _LIBC.madvise(
+                    addr + o, min(PREFAULT_BYTES, nbytes - o), _MADV_POPULATE_WRITE) != 0):
+                failed.append(o)
+            ready.release()
+            released += 1
+    except Exception:  # the receiver touches the pages itself: slower, never wrong or stuck
+        failed.append(-1)
+        ready.release(len(chunks) - released)
+
+
 def receive_raw(comm: MPI.Comm, src: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """Receive the array :func:`send_raw` sends from ``src``: a new, writable array of ``shape``
-    and ``dtype``, its pages mapped just ahead of MPI's copy into them (freed with the array)."""
+    and ``dtype``, its pages mapped just ahead of MPI's copy into them (freed with the array).
+
+    On huge pages, an array of several chunks is mapped by a helper thread, a chunk or more
+    ahead of the copy: zeroing new pages costs about what the copy does, and the sender, which
+    waits without spinning while its array is copied, leaves its core to it."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     populate = getattr(mmap, "MAP_POPULATE", 0)
@@ -82,11 +131,22 @@ def receive_raw(comm: MPI.Comm, src: int, dtype: np.dtype, shape: tuple[int, ...
         else:  # 4 KB pages: one call maps them far faster than touching each
             mem = mmap.mmap(-1, nbytes, flags=flags | populate)
         flat = np.frombuffer(mem, dtype=np.uint8)
+    helper = None
+    failed: list[int] = []
+    ready = threading.Semaphore(0)
+    if touch and nbytes > PREFAULT_BYTES and _LIBC is not None:
+        helper = threading.Thread(target=_map_ahead, args=(flat.ctypes.data, nbytes, ready, failed),
+                                  name="canary-map-ahead", daemon=True)
+        helper.start()
     for o in range(0, max(nbytes, 1), PREFAULT_BYTES):
         chunk = flat[o:o + PREFAULT_BYTES]
-        if touch:
-            chunk[::mmap.PAGESIZE] = 0
+        if helper is not None:
+            ready.acquire()
+        if touch and (helper is None or failed):
+            chunk[::mmap.PAGESIZE] = 0  # cheap where the helper mapped it already
         comm.Recv(chunk, source=src, tag=TAG_BUF)
+    if helper is not None:
+        helper.join()
     return flat.view(dtype).reshape(shape)
 
 
@@ -126,10 +186,7 @@ class MpiTransport:
         r1 = self.comm.isend(payload, dest, TAG_CTRL)
         raw = send_raw(self.comm, buf, dest)
         if type(msg) is MigrateArray:
-            while not MPI.Request.Testall(raw):
-                got = self._receive()
-                if got is not None:
-                    self._inbox.append(got)
+            wait_sent(raw, self._receive, self._inbox.append)
         self._pending.append((r1, *raw, buf))
 
     @property

@@ -165,16 +165,33 @@ def test_large_arrays_arrive_whole_in_chunks_into_memory_mapped_ahead_of_the_rec
                                [[5 * n], "<i8"]]
 
 
-@pytest.mark.parametrize("huge", [True, False])
-def test_a_raw_array_arrives_whole_and_writable_in_chunks_either_way_it_is_mapped(
-        monkeypatch: pytest.MonkeyPatch, huge: bool) -> None:
+class _RefusingLibc:
+    """A libc whose ``madvise`` refuses (an older kernel) or fails outright."""
+
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+
+    def madvise(self, addr: int, length: int, advice: int) -> int:
+        if self.raises:
+            raise RuntimeError("madvise failed")
+        return -1
+
+
+@pytest.mark.parametrize("mapping", ["huge pages, mapped ahead", "huge pages, kernel refuses",
+                                     "huge pages, helper fails", "MAP_POPULATE"])
+def test_a_raw_array_arrives_whole_and_writable_in_chunks_however_it_is_mapped(
+        monkeypatch: pytest.MonkeyPatch, mapping: str) -> None:
     # send_raw/receive_raw to this rank itself: one chunk and several, the last one short,
-    # received into huge pages touched chunk by chunk or into a MAP_POPULATE mapping
+    # received into huge pages a helper thread maps ahead of each chunk's copy (or, where that
+    # is refused or fails, touched chunk by chunk), or into one MAP_POPULATE mapping
     from mpi4py import MPI
 
     import canary.mpi_transport as transport
 
+    huge = mapping != "MAP_POPULATE"
     monkeypatch.setattr(transport, "_HUGE_PAGES", huge and transport._huge_pages_offered())
+    if "refuses" in mapping or "fails" in mapping:
+        monkeypatch.setattr(transport, "_LIBC", _RefusingLibc("fails" in mapping))
     rng = np.random.default_rng(3)
     for shape, dtype in (((2 * transport.PREFAULT_BYTES // 8 + 1,), np.float64),
                          ((1000, 1500), np.float32), ((10,), np.int16)):
@@ -182,7 +199,7 @@ def test_a_raw_array_arrives_whole_and_writable_in_chunks_either_way_it_is_mappe
         reqs = transport.send_raw(MPI.COMM_SELF, sent, 0)
         assert len(reqs) == -(-sent.nbytes // transport.PREFAULT_BYTES)
         got = transport.receive_raw(MPI.COMM_SELF, 0, sent.dtype, shape)
-        MPI.Request.Waitall(reqs)
+        transport.wait_sent(reqs)
         assert got.shape == shape and got.dtype == dtype and got.flags.writeable
         assert np.array_equal(got, sent)
         got[...] = 3
