@@ -181,7 +181,7 @@ class _RefusingLibc:
                                      "huge pages, helper fails", "MAP_POPULATE"])
 def test_a_raw_array_arrives_whole_and_writable_in_chunks_however_it_is_mapped(
         monkeypatch: pytest.MonkeyPatch, mapping: str) -> None:
-    # send_raw/receive_raw to this rank itself: one chunk and several, the last one short,
+    # send_raw/receive_raw to this rank itself: no chunk, one and several, the last one short,
     # received into huge pages a helper thread maps ahead of each chunk's copy (or, where that
     # is refused or fails, touched chunk by chunk), or into one MAP_POPULATE mapping
     from mpi4py import MPI
@@ -194,7 +194,7 @@ def test_a_raw_array_arrives_whole_and_writable_in_chunks_however_it_is_mapped(
         monkeypatch.setattr(transport, "_LIBC", _RefusingLibc("fails" in mapping))
     rng = np.random.default_rng(3)
     for shape, dtype in (((2 * transport.PREFAULT_BYTES // 8 + 1,), np.float64),
-                         ((1000, 1500), np.float32), ((10,), np.int16)):
+                         ((1000, 1500), np.float32), ((10,), np.int16), ((0, 3), np.float64)):
         sent = (rng.standard_normal(shape) * 100).astype(dtype)
         reqs = transport.send_raw(MPI.COMM_SELF, sent, 0)
         assert len(reqs) == -(-sent.nbytes // transport.PREFAULT_BYTES)
