@@ -134,8 +134,8 @@ def receive_raw(comm: MPI.Comm, src: int, dtype: np.dtype, shape: tuple[int, ...
         flat = np.frombuffer(mem, dtype=np.uint8)
     helper = None
     failed: list[int] = []
-    ready = threading.Semaphore(0)
-    if touch and nbytes > PREFAULT_BYTES and _LIBC is not None:
+    if touch and nbytes > PREFAULT_BYTES and _LIBC is not None:  # not for a piece's few KB
+        ready = threading.Semaphore(0)
         helper = threading.Thread(target=_map_ahead, args=(flat.ctypes.data, nbytes, ready, failed),
                                   name="canary-map-ahead", daemon=True)
         helper.start()
