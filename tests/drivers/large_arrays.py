@@ -1,7 +1,7 @@
 """Rank 0 sends rank 1 arrays at and above the size the transport maps ahead of the receive
-and sends in chunks (``PREFAULT_BYTES``), as a moving partition's values and as a piece, in several shapes and
-dtypes; rank 1 checks each arrives whole, with its shape, dtype and values, and writable. Prints
-what rank 1 received, and whether huge pages were offered here."""
+and sends in chunks (``PREFAULT_BYTES``), as a moving partition's values and as a piece, in
+several shapes and dtypes; rank 1 checks each arrives whole, with its shape, dtype and values,
+and writable. Prints what rank 1 received, and whether huge pages were offered here."""
 
 import json
 
