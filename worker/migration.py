@@ -145,6 +145,9 @@ class Migration(WorkerCore):
                 self._send_out(dest, MigrateArray(self._next_eid(), mv.move, p.dataset, p.value),
                                out)
             del self.parts[(p.dataset, i)]
+            # finished tasks and stretches may still name the partition: without its value they
+            # no longer hold the moved memory (a 100 MB partition stayed until the next move)
+            p.value = None
         # pieces that came for instances the destination runs (their gathers are there)
         ids = {p.dataset for p in parts}
         for key in [k for k in self.early if k[1] in ids and k[2] == i]:
