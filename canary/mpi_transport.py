@@ -110,13 +110,117 @@ def _map_ahead(addr: int, nbytes: int, ready: threading.Semaphore, failed: list[
         ready.release(len(chunks) - released)
 
 
-def receive_raw(comm: MPI.Comm, src: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """Receive the array :func:`send_raw` sends from ``src``: a new, writable array of ``shape``
-    and ``dtype``, its pages mapped just ahead of MPI's copy into them (freed with the array).
+# Pages of received arrays are mapped in multiples of this (a huge page), so that an array of
+# about the same size can take pages kept by a :class:`Recycler`.
+_MAP_GRAIN = 1 << 21
 
-    On huge pages, an array of several chunks is mapped by a helper thread, a chunk or more
-    ahead of the copy: zeroing new pages costs about what the copy does, and the sender, which
-    waits without spinning while its array is copied, leaves its core to it."""
+
+class _Pages:
+    """The base of an array :func:`receive_raw` received into pages it mapped: when the array and
+    every view of it are gone, the pages go to ``recycler`` (or are unmapped)."""
+
+    __slots__ = ("mem", "recycler", "__array_interface__")
+
+    def __init__(self, mem: mmap.mmap, nbytes: int, recycler: Recycler | None) -> None:
+        self.mem = mem
+        self.recycler = recycler
+        addr = np.frombuffer(mem, dtype=np.uint8).ctypes.data  # the export ends at once
+        self.__array_interface__ = {"data": (addr, False), "shape": (nbytes,), "typestr": "|u1",
+                                    "version": 3}
+
+    def __del__(self) -> None:
+        if self.recycler is not None:
+            self.recycler.keep(self.mem)
+
+
+class Recycler:
+    """Pages of received arrays, kept for a while after their arrays are gone, for the next
+    array of the same size to arrive in without new pages.
+
+    A worker receiving large arrays over and over (a scatter's pieces every iteration, a
+    partition that moves back) would otherwise map new pages for each, and the kernel's zeroing
+    of new pages costs about what MPI's copy into them does. At most ``max_bytes`` are kept, each
+    mapping for about ``keep_s`` seconds (:meth:`expire`, which the transport calls as it polls):
+    memory the program no longer holds goes back to the system soon, and never more than
+    ``max_bytes`` of it is held. ``max_bytes=0`` keeps nothing (``CANARY_RECYCLE_MB``).
+
+    Pages come back from whichever thread drops an array's last reference; ``take`` is called by
+    the thread that receives. A return that would wait for the lock (or that comes from inside
+    ``take``, at a garbage collection) lets the pages go instead: never a wait, never a deadlock.
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20, keep_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_bytes < 0 or not keep_s >= 0:
+            raise ValueError(f"Recycler needs max_bytes >= 0 and keep_s >= 0, got {max_bytes!r} "
+                             f"and {keep_s!r}")
+        self.max_bytes = max_bytes
+        self.keep_s = keep_s
+        self.clock = clock
+        self._kept: deque[tuple[float, mmap.mmap]] = deque()  # oldest first
+        self._held = 0
+        self._lock = threading.Lock()
+        self.recycled_bytes = 0  # bytes received into kept pages, for traces and benchmarks
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of pages kept now."""
+        return self._held
+
+    def keep(self, mem: mmap.mmap) -> None:
+        """Keep ``mem`` (pages no array uses any more), unless that would hold more than
+        ``max_bytes``; pages not kept are unmapped when the last reference to them goes."""
+        if len(mem) > self.max_bytes - self._held or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if len(mem) <= self.max_bytes - self._held:
+                self._kept.append((self.clock(), mem))
+                self._held += len(mem)
+        finally:
+            self._lock.release()
+
+    def expire(self) -> None:
+        """Let go of the pages kept longer than ``keep_s``."""
+        with self._lock:
+            self._expire()
+
+    def _expire(self) -> None:
+        stale = self.clock() - self.keep_s
+        while self._kept and self._kept[0][0] < stale:
+            self._held -= len(self._kept.popleft()[1])
+
+    def take(self, nbytes: int) -> mmap.mmap | None:
+        """Kept pages for an array of ``nbytes`` (the mapping's size rounded up alike), or None.
+        Pages kept longer than ``keep_s`` are let go first."""
+        size = -(-nbytes // _MAP_GRAIN) * _MAP_GRAIN
+        with self._lock:
+            self._expire()
+            for entry in self._kept:
+                if len(entry[1]) == size:
+                    self._kept.remove(entry)
+                    self._held -= size
+                    self.recycled_bytes += nbytes
+                    return entry[1]
+        return None
+
+    def clear(self) -> None:
+        """Let every kept mapping go."""
+        with self._lock:
+            self._kept.clear()
+            self._held = 0
+
+
+def receive_raw(comm: MPI.Comm, src: int, dtype: np.dtype, shape: tuple[int, ...],
+                recycler: Recycler | None = None) -> np.ndarray:
+    """Receive the array :func:`send_raw` sends from ``src``: a new, writable array of ``shape``
+    and ``dtype``.
+
+    An array of a chunk or more arrives in pages of its own: pages ``recycler`` kept from an
+    earlier array of the same size if it has some (and they go back to it when this array is
+    gone), else new pages mapped just ahead of MPI's copy into them. On huge pages, an array of
+    several chunks is mapped by a helper thread, a chunk or more ahead of the copy: zeroing new
+    pages costs about what the copy does, and the sender, which waits without spinning while its
+    array is copied, leaves its core to it."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     populate = getattr(mmap, "MAP_POPULATE", 0)
@@ -124,14 +228,17 @@ def receive_raw(comm: MPI.Comm, src: int, dtype: np.dtype, shape: tuple[int, ...
     if nbytes < PREFAULT_BYTES or not (populate or _HUGE_PAGES):
         flat = np.empty(nbytes, dtype=np.uint8)
     else:
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        if _HUGE_PAGES:
-            mem = mmap.mmap(-1, nbytes, flags=flags)
-            mem.madvise(mmap.MADV_HUGEPAGE)
-            touch = True
-        else:  # 4 KB pages: one call maps them far faster than touching each
-            mem = mmap.mmap(-1, nbytes, flags=flags | populate)
-        flat = np.frombuffer(mem, dtype=np.uint8)
+        mem = recycler.take(nbytes) if recycler is not None else None
+        if mem is None:
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+            size = -(-nbytes // _MAP_GRAIN) * _MAP_GRAIN
+            if _HUGE_PAGES:
+                mem = mmap.mmap(-1, size, flags=flags)
+                mem.madvise(mmap.MADV_HUGEPAGE)
+                touch = True
+            else:  # 4 KB pages: one call maps them far faster than touching each
+                mem = mmap.mmap(-1, size, flags=flags | populate)
+        flat = np.asarray(_Pages(mem, nbytes, recycler))
     helper = None
     failed: list[int] = []
     if touch and nbytes > PREFAULT_BYTES and _LIBC is not None:  # not for a piece's few KB
@@ -168,8 +275,9 @@ class MpiTransport:
     moving partitions to each other cannot wait for each other forever.
     """
 
-    def __init__(self, comm: MPI.Comm) -> None:
+    def __init__(self, comm: MPI.Comm, recycler: Recycler | None = None) -> None:
         self.comm = comm
+        self.recycler = recycler  # pages of received arrays, kept for the next ones
         self._pending: list[tuple[Any, ...]] = []
         self._inbox: deque[tuple[int, Any]] = deque()
         self._status = MPI.Status()
@@ -208,12 +316,14 @@ class MpiTransport:
         src = st.Get_source()
         msg, raw = unpack(self.comm.recv(source=src, tag=TAG_CTRL))
         if raw is not None:  # the array follows as a raw buffer (MPI keeps per-sender order)
-            msg.array = receive_raw(self.comm, src, raw[0], raw[1])
+            msg.array = receive_raw(self.comm, src, raw[0], raw[1], self.recycler)
         self.received += 1
         return src, msg
 
     def progress(self) -> None:
-        """Release send buffers whose sends completed."""
+        """Release send buffers whose sends completed, and kept pages past their time."""
+        if self.recycler is not None and self.recycler.held_bytes:
+            self.recycler.expire()
         if self._pending:
             self._pending = [p for p in self._pending if not all(r.Test() for r in p if
                                                                     isinstance(r, MPI.Request))]

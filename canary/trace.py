@@ -10,7 +10,8 @@ every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
   task is timed alone (an untraced run may call them from one compiled loop);
 * each partition's move (``cat: "migration"``) as a span on its source (``migrate out``: from
   the move's arrival to the values' departure) and on its destination (``migrate in``: from
-  the offer to the partition's installation), at either level;
+  the offer to the partition's installation; ``args.recycled``: the bytes that arrived meanwhile
+  in pages kept from earlier arrays, see ``canary.mpi_transport.Recycler``), at either level;
 * each message as a short slice on the sender's and the receiver's track (``send Piece`` /
   ``recv Piece``) joined by a flow arrow (``ph: "s"``/``"f"``, id = the message's ``eid``, which
   is unique per job).

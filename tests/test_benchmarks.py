@@ -422,13 +422,20 @@ def test_migration_quick_moves_a_partition_there_and_back_and_times_each_move() 
     warm, new, *moves, summary = rows
     assert (warm["probe"], new["probe"]) == ("mpi_send", "mpi_send_new_memory")
     assert warm["bytes"] == new["bytes"] == 4 * 2**20 and warm["gbps"] > 0 and new["gbps"] > 0
-    assert len(moves) == 2 and len({m["move"] for m in moves}) == 2
+    assert len(moves) == 3 and len({m["move"] for m in moves}) == 3
     for move in moves:  # + a tiny partition of the same group (the moved group's other dataset)
         assert 4 * 2**20 <= move["bytes"] < 4 * 2**20 + 1024 and move["transfer_s"] > 0
         assert move["slowest_ms"] >= move["iteration_median_ms"]
-    assert summary["migrations"] == summary["moves"] == 2
+    # each worker's first partition arrives in new pages; the third move lands where the first
+    # did, after the second took that array away again: in the pages it left (the source let
+    # go of a moved partition's value, and the destination's transport kept its pages)
+    assert [m["recycled_bytes"] for m in moves] == [0, 0, 4 * 2**20]
+    assert summary["migrations"] == summary["moves"] == 3
+    assert (summary["new_pages_moves"], summary["kept_pages_moves"]) == (2, 1)
     assert summary["move_gbps"] == max(m["gbps"] for m in moves)
     assert summary["move_over_mpi_bandwidth"] > 0
+    assert summary["kept_pages_move_over_mpi_bandwidth"] == pytest.approx(
+        moves[2]["gbps"] / warm["gbps"], rel=1e-2)
 
 
 def test_snapshot_quick_prints_write_overhead_recovery_and_summary() -> None:

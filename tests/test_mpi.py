@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -204,6 +205,76 @@ def test_a_raw_array_arrives_whole_and_writable_in_chunks_however_it_is_mapped(
         assert np.array_equal(got, sent)
         got[...] = 3
         assert int(got.sum()) == 3 * got.size
+
+
+def _send_to_self(transport: Any, sent: np.ndarray, recycler: Any) -> np.ndarray:
+    from mpi4py import MPI
+
+    reqs = transport.send_raw(MPI.COMM_SELF, sent, 0)
+    got = transport.receive_raw(MPI.COMM_SELF, 0, sent.dtype, sent.shape, recycler)
+    transport.wait_sent(reqs)
+    return got
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_received_pages_are_kept_for_the_next_array_of_their_size_and_only_a_while(
+        monkeypatch: pytest.MonkeyPatch, huge: bool) -> None:
+    import canary.mpi_transport as transport
+
+    monkeypatch.setattr(transport, "_HUGE_PAGES", huge and transport._huge_pages_offered())
+    now = [0.0]
+    pages = 3 * transport.PREFAULT_BYTES // 8  # a 12 MiB array: a multiple of the map grain
+    rec = transport.Recycler(max_bytes=40 << 20, keep_s=5.0, clock=lambda: now[0])
+    rng = np.random.default_rng(5)
+    first = rng.standard_normal(pages)
+    got = _send_to_self(transport, first, rec)
+    addr = got.ctypes.data
+    view = got[10:20]
+    del got
+    assert rec.held_bytes == 0  # a view still uses the pages
+    del view
+    assert rec.held_bytes == first.nbytes and rec.recycled_bytes == 0
+    # another size does not take them; the same size does, and gets its own values in them
+    other = _send_to_self(transport, rng.standard_normal(pages // 2), rec)
+    assert rec.held_bytes == first.nbytes and other.ctypes.data != addr
+    second = rng.standard_normal(pages)
+    got = _send_to_self(transport, second, rec)
+    assert got.ctypes.data == addr and rec.recycled_bytes == second.nbytes
+    assert rec.held_bytes == 0 and np.array_equal(got, second) and got.flags.writeable
+    # pages kept past keep_s go back to the system
+    del got
+    now[0] = 4.0
+    rec.expire()
+    assert rec.held_bytes == second.nbytes
+    now[0] = 10.0
+    rec.expire()
+    assert rec.held_bytes == 0
+    # never more than max_bytes: of three arrays let go, the third does not fit
+    arrays = [_send_to_self(transport, rng.standard_normal(pages), rec) for _ in range(3)]
+    half = other.nbytes
+    del other, arrays
+    assert rec.held_bytes == half + 2 * second.nbytes  # 30 of 40 MiB: 12 more do not fit
+    # a return that would wait for the lock lets the pages go: it never blocks
+    rec.clear()
+    got = _send_to_self(transport, second, rec)
+    with rec._lock:
+        del got
+    assert rec.held_bytes == 0
+    # max_bytes=0 keeps nothing
+    none = transport.Recycler(max_bytes=0)
+    got = _send_to_self(transport, second, none)
+    del got
+    assert none.held_bytes == 0
+
+
+def test_the_pages_a_worker_keeps_are_set_by_canary_recycle_mb() -> None:
+    from canary.worker.config import WorkerConfig
+
+    assert WorkerConfig.from_env({}).recycle_bytes == 256 << 20
+    assert WorkerConfig.from_env({"CANARY_RECYCLE_MB": "64"}).recycle_bytes == 64 << 20
+    assert WorkerConfig.from_env({"CANARY_RECYCLE_MB": "0"}).recycle_bytes == 0
+    with pytest.raises(ValueError, match="CANARY_RECYCLE_MB='lots' is not an integer"):
+        WorkerConfig.from_env({"CANARY_RECYCLE_MB": "lots"})
 
 
 @pytest.mark.parametrize("ranks", [3])

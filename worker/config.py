@@ -19,6 +19,7 @@ ENVIRONMENT: dict[str, tuple[str, float, bool]] = {
     "CANARY_SPIN_US": ("spin_s", 1e-6, False),
     "CANARY_COMPILE_AFTER": ("compile_after", 1.0, True),
     "CANARY_STORY": ("story_size", 1.0, True),
+    "CANARY_RECYCLE_MB": ("recycle_bytes", float(1 << 20), True),
 }
 
 
@@ -75,6 +76,10 @@ class WorkerConfig:
     #: Tasks a stretch body runs through Python dispatch before it is compiled into one loop
     #: (``canary.worker.chain``; compiling costs about what that much dispatch does).
     compile_after: int = 200_000
+    #: Bytes of pages of received arrays a worker keeps, a few seconds, for the next arrays of
+    #: the same sizes (``canary.mpi_transport.Recycler``): receiving into new pages costs about
+    #: twice what receiving into kept ones does (``CANARY_RECYCLE_MB``; 0 keeps none).
+    recycle_bytes: int = 256 << 20
     #: Seconds between two load reports to the controller (CPU time per partition, idle time):
     #: the controller's messages grow with time and workers, not with tasks.
     report_s: float = 0.5
@@ -86,7 +91,7 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         for name, low in (("window", 1), ("max_fused", 0), ("fuse_min_instances", 1),
                           ("max_fused_cap", 2), ("urgent_max_bytes", 0), ("story_size", 0),
-                          ("max_batch", 1), ("compile_after", 0)):
+                          ("max_batch", 1), ("compile_after", 0), ("recycle_bytes", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"WorkerConfig.{name} must be an integer >= {low}, "
@@ -114,7 +119,7 @@ class WorkerConfig:
             if environ.get(var, "").strip():
                 raw = env_number(var, getattr(defaults, name) / unit, integer=integer,
                                  environ=environ)
-                values[name] = int(raw) if integer else raw * unit
+                values[name] = int(raw * unit) if integer else raw * unit
         known = {f.name for f in fields(cls)}
         unknown = set(overrides) - known
         if unknown:

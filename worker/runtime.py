@@ -33,7 +33,7 @@ from canary.messages import (
     WriteSnapshot,
     local_event_id,
 )
-from canary.mpi_transport import MpiTransport
+from canary.mpi_transport import MpiTransport, Recycler
 from canary.program import Program
 from canary.snapshot import Manifest, load_part, save_part
 from canary.trace import Tracer
@@ -66,7 +66,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     rank = comm.Get_rank()
     state = WorkerState(program, rank - 1, comm.Get_size() - 1, config,
                         restore=None if resume_from is None else resume_from.position)
-    tx = MpiTransport(comm)
+    tx = MpiTransport(comm, Recycler(config.recycle_bytes))
     # With a core per worker, poll hot for a while after each burst of work: the message a
     # worker waits for (a piece, a signal) usually comes within that, and is then seen at once
     # rather than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
@@ -84,7 +84,9 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         clock = tracer.clock
         trace_task = tracer.task
         trace_send = tracer.send if full else None
-        moves: dict[int, float] = {}  # move -> when it began here
+        moves: dict[int, tuple[float, int]] = {}  # move -> when it began here, bytes recycled then
+        recycler = tx.recycler
+        assert recycler is not None
         span = tracer.span
 
         def trace_recv(src: int, msg: Any) -> None:
@@ -92,7 +94,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                 tracer.recv(src, msg)
             kind = type(msg)
             if kind is MigrateOut or kind is MigrateOffer:
-                moves[msg.move] = clock()
+                moves[msg.move] = (clock(), recycler.recycled_bytes)
 
         def send(dest: int, msg: Any) -> None:
             if trace_send is not None:
@@ -100,10 +102,11 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             kind = type(msg)
             if kind is MigrateData or kind is MigrateDone:
                 out = kind is MigrateData
-                span("migrate out" if out else "migrate in", moves.pop(msg.move, clock()),
-                     clock(), {"move": msg.move, "group": msg.group if out else None,
-                               "index": msg.index if out else None,
-                               "bytes": None if out else msg.nbytes})
+                began, recycled = moves.pop(msg.move, (clock(), recycler.recycled_bytes))
+                span("migrate out" if out else "migrate in", began, clock(),
+                     {"move": msg.move, "group": msg.group if out else None,
+                      "index": msg.index if out else None, "bytes": None if out else msg.nbytes,
+                      "recycled": None if out else recycler.recycled_bytes - recycled})
             tx.send(dest, msg)
 
         if full:

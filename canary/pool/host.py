@@ -43,6 +43,7 @@ from canary.controller.jobs import JobsController
 from canary.errors import JobAborted
 from canary.idle import tight_timer_slack
 from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
+from canary.mpi_transport import Recycler
 from canary.pool.messages import (
     Bcast,
     Cancel,
@@ -410,6 +411,7 @@ class WorkerHost(_Host):
         config = replace(config, fuse_max_s=min(config.fuse_max_s, POOL_FUSE_MAX_S),
                          fuse_target_s=min(config.fuse_target_s, POOL_FUSE_MAX_S / 2))
         self.state = JobsWorker(self.rank - 1, n, policy, config)
+        self.tx.recycler = Recycler(config.recycle_bytes)
         self.task: RunJobTask | None = None
         self.resume: list[int] = []
 

@@ -43,6 +43,6 @@ class JobTransport(MpiTransport):
         job, payload = self.comm.recv(source=src, tag=TAG_CTRL)
         msg, raw = unpack(payload)
         if raw is not None:
-            msg.array = receive_raw(self.comm, src, raw[0], raw[1])
+            msg.array = receive_raw(self.comm, src, raw[0], raw[1], self.recycler)
         self.received += 1
         return src, (msg if job == POOL else Envelope(job, msg))
