@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--at", type=float, default=0.5, help="seconds into the job to move")
     ap.add_argument("--moves", type=int, default=5, help="moves there and back")
     ap.add_argument("--every", type=float, default=0.5, help="seconds between moves")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--trace", default=None, help=argparse.SUPPRESS)
