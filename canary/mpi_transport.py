@@ -115,6 +115,11 @@ def _map_ahead(addr: int, nbytes: int, ready: threading.Semaphore, failed: list[
 _MAP_GRAIN = 1 << 21
 
 
+def _mapped_size(nbytes: int) -> int:
+    """The bytes mapped for an array of ``nbytes``: rounded up to ``_MAP_GRAIN``."""
+    return -(-nbytes // _MAP_GRAIN) * _MAP_GRAIN
+
+
 class _Pages:
     """The base of an array :func:`receive_raw` received into pages it mapped: when the array and
     every view of it are gone, the pages go to ``recycler`` (or are unmapped)."""
@@ -192,7 +197,7 @@ class Recycler:
     def take(self, nbytes: int) -> mmap.mmap | None:
         """Kept pages for an array of ``nbytes`` (the mapping's size rounded up alike), or None.
         Pages kept longer than ``keep_s`` are let go first."""
-        size = -(-nbytes // _MAP_GRAIN) * _MAP_GRAIN
+        size = _mapped_size(nbytes)
         with self._lock:
             self._expire()
             for entry in self._kept:
@@ -231,7 +236,7 @@ def receive_raw(comm: MPI.Comm, src: int, dtype: np.dtype, shape: tuple[int, ...
         mem = recycler.take(nbytes) if recycler is not None else None
         if mem is None:
             flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-            size = -(-nbytes // _MAP_GRAIN) * _MAP_GRAIN
+            size = _mapped_size(nbytes)
             if _HUGE_PAGES:
                 mem = mmap.mmap(-1, size, flags=flags)
                 mem.madvise(mmap.MADV_HUGEPAGE)
