@@ -208,12 +208,6 @@ class Recycler:
                     return entry[1]
         return None
 
-    def clear(self) -> None:
-        """Let every kept mapping go."""
-        with self._lock:
-            self._kept.clear()
-            self._held = 0
-
 
 def receive_raw(comm: MPI.Comm, src: int, dtype: np.dtype, shape: tuple[int, ...],
                 recycler: Recycler | None = None) -> np.ndarray:

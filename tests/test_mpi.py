@@ -255,7 +255,7 @@ def test_received_pages_are_kept_for_the_next_array_of_their_size_and_only_a_whi
     del other, arrays
     assert rec.held_bytes == half + 2 * second.nbytes  # 30 of 40 MiB: 12 more do not fit
     # a return that would wait for the lock lets the pages go: it never blocks
-    rec.clear()
+    rec = transport.Recycler(max_bytes=40 << 20)
     got = _send_to_self(transport, second, rec)
     with rec._lock:
         del got

@@ -66,7 +66,8 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     rank = comm.Get_rank()
     state = WorkerState(program, rank - 1, comm.Get_size() - 1, config,
                         restore=None if resume_from is None else resume_from.position)
-    tx = MpiTransport(comm, Recycler(config.recycle_bytes))
+    recycler = Recycler(config.recycle_bytes)  # pages of received arrays, kept a while
+    tx = MpiTransport(comm, recycler)
     # With a core per worker, poll hot for a while after each burst of work: the message a
     # worker waits for (a piece, a signal) usually comes within that, and is then seen at once
     # rather than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
@@ -85,8 +86,6 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         trace_task = tracer.task
         trace_send = tracer.send if full else None
         moves: dict[int, tuple[float, int]] = {}  # move -> when it began here, bytes recycled then
-        recycler = tx.recycler
-        assert recycler is not None
         span = tracer.span
 
         def trace_recv(src: int, msg: Any) -> None:
