@@ -42,7 +42,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     ``CANARY_CHAOS_MIGRATE=SEED`` moves random partitions instead, and
     ``CANARY_SLOWDOWN=WORKER:FACTOR`` makes one worker that many times slower (experiments).
     A worker that shows no progress for ``CANARY_STALL_S`` seconds (default 10) is named on
-    stderr.
+    stderr; workers report their load every ``CANARY_REPORT_MS`` (default 500).
 
     Snapshots (``canary run --checkpoint DIR``): ``CANARY_CHECKPOINT=DIR`` takes one every
     ``CANARY_CHECKPOINT_EVERY`` seconds (default 60) and keeps the last ``CANARY_KEEP``
@@ -68,6 +68,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         config = WorkerConfig.from_env(worker=rank - 1, n_workers=size - 1, window=window)
         startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0)
         stall_s = env_number("CANARY_STALL_S", 10.0)
+        check_report_period(config.report_s, stall_s)
         loop_only = trace_level() == "loop"
         if balance is None:
             balance = env_choice(BALANCE_ENV, ("on", "off"), "on") == "on"
@@ -150,6 +151,19 @@ def resume_snapshot(program: Program) -> Manifest | None:
     snap = read_manifest(folder)
     check_resumable(snap, program.digest, program.statements())
     return snap
+
+
+def check_report_period(report_s: float, stall_s: float) -> None:
+    """Raise ValueError naming ``CANARY_REPORT_MS`` unless workers report (``report_s``) more
+    than 0 and at most a third of ``CANARY_STALL_S`` (``stall_s``) apart: the controller hears
+    of a worker's progress through its reports, so a longer period would have it name working
+    workers as stuck."""
+    if not 0 < report_s <= stall_s / 3:
+        raise ValueError(f"environment variable CANARY_REPORT_MS={report_s * 1e3:g} must be more "
+                         f"than 0 and at most a third of CANARY_STALL_S ({stall_s:g} s): the "
+                         "controller hears of a worker's progress through its load reports, and "
+                         "names a worker it has not heard of in CANARY_STALL_S as stuck; lower "
+                         "it, raise CANARY_STALL_S, or unset both")
 
 
 def move_policy(environ: Mapping[str, str], n_workers: int, balance: bool) -> Any:

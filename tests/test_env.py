@@ -52,3 +52,19 @@ def test_a_choice_is_one_of_its_values_or_a_clear_error() -> None:
     assert env_choice("CANARY_Y", ("full", "loop"), "full", environ=spaced) == "loop"
     with pytest.raises(ValueError, match=r"CANARY_Y='all' is not one of full, loop"):
         env_choice("CANARY_Y", ("full", "loop"), "full", environ={"CANARY_Y": "all"})
+
+
+def test_the_load_report_period_is_set_by_canary_report_ms_and_must_fit_the_stall_time() -> None:
+    from canary.mpi_runner import check_report_period
+    from canary.worker.config import WorkerConfig
+
+    assert WorkerConfig.from_env({}).report_s == 0.5
+    assert WorkerConfig.from_env({"CANARY_REPORT_MS": "20"}).report_s == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="CANARY_REPORT_MS='often' is not a number"):
+        WorkerConfig.from_env({"CANARY_REPORT_MS": "often"})
+    check_report_period(0.5, 10.0)
+    check_report_period(5.0, 15.0)
+    # reports rarer than a third of the stall time would have working workers named as stuck
+    for report_s, stall_s in ((5.0, 10.0), (0.0, 10.0)):
+        with pytest.raises(ValueError, match="CANARY_REPORT_MS=.*CANARY_STALL_S"):
+            check_report_period(report_s, stall_s)

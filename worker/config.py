@@ -20,6 +20,7 @@ ENVIRONMENT: dict[str, tuple[str, float, bool]] = {
     "CANARY_COMPILE_AFTER": ("compile_after", 1.0, True),
     "CANARY_STORY": ("story_size", 1.0, True),
     "CANARY_RECYCLE_MB": ("recycle_bytes", float(1 << 20), True),
+    "CANARY_REPORT_MS": ("report_s", 1e-3, False),
 }
 
 
@@ -81,7 +82,8 @@ class WorkerConfig:
     #: twice what receiving into kept ones does (``CANARY_RECYCLE_MB``; 0 keeps none).
     recycle_bytes: int = 256 << 20
     #: Seconds between two load reports to the controller (CPU time per partition, idle time):
-    #: the controller's messages grow with time and workers, not with tasks.
+    #: the controller's messages grow with time and workers, not with tasks
+    #: (``CANARY_REPORT_MS``).
     report_s: float = 0.5
     #: Make every task take this many times as long as it does (the runtime spins for the
     #: difference after each task): a stand-in for a slower machine, for experiments
