@@ -157,6 +157,18 @@ class LoadReport(Message):
 
 
 @dataclass(slots=True)
+class Bye(Message):
+    """In answer to :class:`Shutdown`, the last message a worker sends. MPI keeps one sender's
+    messages in order, so once the controller has every worker's Bye nothing they sent is still
+    on its way to it: it has received (and dropped) their last load reports, and the job ends
+    with no message left unreceived (an MPI that finds one at exit warns about each, as UCX
+    between hosts does)."""
+
+    eid: int
+    worker: int
+
+
+@dataclass(slots=True)
 class MigrateDone(Message):
     """Destination to controller: the partition of ``move`` is installed here (``nbytes`` of
     values arrived); the controller may move it again."""

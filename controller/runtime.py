@@ -14,6 +14,7 @@ from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.messages import (
     CONTROLLER,
+    Bye,
     Callback,
     CommitSnapshot,
     Fail,
@@ -35,7 +36,7 @@ from canary.trace import Tracer
 
 def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                    tracer: Tracer | None = None, policy: Any = None,
-                   tick_s: float = 0.1, stall_s: float = 10.0,
+                   tick_s: float = 0.1, stall_s: float = 10.0, close_s: float = 10.0,
                    checkpoint: SnapshotConfig | None = None,
                    resume_from: Manifest | None = None) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
@@ -45,7 +46,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
     excluded from ``controller_cpu_seconds``. A ``tracer`` records every message. The state
     gets a ``Tick`` every ``tick_s`` seconds (its move ``policy``, from
     :mod:`canary.controller.balance`, acts then, and it notices a worker that makes no
-    progress); each partition moved and each such worker is said on stderr.
+    progress); each partition moved and each such worker is said on stderr. It returns once
+    every worker has answered the Shutdown (see :func:`await_byes`), or after ``close_s``.
 
     With ``checkpoint`` it takes snapshots (committing each: see :func:`canary.snapshot.commit`);
     with ``resume_from`` the job starts from that snapshot (its reports and task count).
@@ -103,14 +105,16 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                 instrs += state.handle(SnapshotCommitted(
                     local_event_id(CONTROLLER, next(ticks)), ins.snap, error))
             elif isinstance(ins, Finish):
-                tx.flush()
-                return JobResult(state.results, state.tasks_run, state.n_workers,
+                result = JobResult(state.results, state.tasks_run, state.n_workers,
                                  time.perf_counter() - t0, dict(state.received), dict(state.sent),
                                  time.process_time() - c0 - user_cpu,
                                  _sum_counts([d.messages_sent for d in state.done.values()]),
                                  state.migrations, state.bytes_migrated,
                                  state.snapshots_committed,
                                  None if resume_from is None else resume_from.id)
+                await_byes(tx, state.n_workers, close_s, tracer)
+                tx.flush()
+                return result
             elif isinstance(ins, Fail):
                 # Say why before anything else: the workers, told to abort, must not be able to
                 # end the job before the reason is on stderr.
@@ -118,6 +122,28 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                 tx.flush(timeout=2.0)
                 # this rank aborts the job either way; a mismatch keeps its own class
                 raise (ins.error if issubclass(ins.error, JobAborted) else JobAborted)(ins.reason)
+
+
+def await_byes(tx: MpiTransport, n_workers: int, timeout: float,
+               tracer: Tracer | None = None) -> None:
+    """After the Shutdowns: receive, and drop, what the workers still send (a load report sent
+    before the Shutdown reached them) until each has said :class:`Bye`, or ``timeout`` seconds
+    have passed (the results are complete either way; a worker that cannot answer is mpiexec's
+    to end). Returns normally in both cases."""
+    left = set(range(n_workers))
+    end = time.monotonic() + timeout
+    backoff = Backoff(max_sleep=1e-3)
+    while left and time.monotonic() < end:
+        got = tx.poll()
+        if got is None:
+            tx.progress()
+            backoff.sleep()
+            continue
+        backoff.reset()
+        if tracer is not None:
+            tracer.recv(got[0], got[1])
+        if type(got[1]) is Bye:
+            left.discard(got[1].worker)
 
 
 def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:

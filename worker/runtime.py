@@ -16,7 +16,9 @@ from mpi4py import MPI
 from canary.errors import JobAborted, TaskError
 from canary.idle import Backoff, cpu_times, tight_timer_slack, workers_fit_cores
 from canary.messages import (
+    CONTROLLER,
     Abort,
+    Bye,
     MigrateData,
     MigrateDone,
     MigrateOffer,
@@ -174,6 +176,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             if trace_recv is not None:
                 trace_recv(got[0], msg)
             if type(msg) is Shutdown:
+                send(CONTROLLER, Bye(local_event_id(rank, next(ids)), state.worker))
                 tx.flush()
                 return state
             if type(msg) is Abort:
