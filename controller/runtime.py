@@ -106,12 +106,12 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                     local_event_id(CONTROLLER, next(ticks)), ins.snap, error))
             elif isinstance(ins, Finish):
                 result = JobResult(state.results, state.tasks_run, state.n_workers,
-                                 time.perf_counter() - t0, dict(state.received), dict(state.sent),
-                                 time.process_time() - c0 - user_cpu,
-                                 _sum_counts([d.messages_sent for d in state.done.values()]),
-                                 state.migrations, state.bytes_migrated,
-                                 state.snapshots_committed,
-                                 None if resume_from is None else resume_from.id)
+                                   time.perf_counter() - t0, dict(state.received), dict(state.sent),
+                                   time.process_time() - c0 - user_cpu,
+                                   _sum_counts([d.messages_sent for d in state.done.values()]),
+                                   state.migrations, state.bytes_migrated,
+                                   state.snapshots_committed,
+                                   None if resume_from is None else resume_from.id)
                 await_byes(tx, state.n_workers, close_s, tracer)
                 tx.flush()
                 return result
