@@ -159,11 +159,12 @@ def check_report_period(report_s: float, stall_s: float) -> None:
     of a worker's progress through its reports, so a longer period would have it name working
     workers as stuck."""
     if not 0 < report_s <= stall_s / 3:
-        raise ValueError(f"environment variable CANARY_REPORT_MS={report_s * 1e3:g} must be more "
-                         f"than 0 and at most a third of CANARY_STALL_S ({stall_s:g} s): the "
-                         "controller hears of a worker's progress through its load reports, and "
-                         "names a worker it has not heard of in CANARY_STALL_S as stuck; lower "
-                         "it, raise CANARY_STALL_S, or unset both")
+        raise ValueError(f"CANARY_REPORT_MS={report_s * 1e3:g} (ms between a worker's load "
+                         "reports; 500 unless set) must be more than 0 and at most a third of "
+                         f"CANARY_STALL_S ({stall_s:g} s): the controller hears of a worker's "
+                         "progress through its load reports, and names a worker it has not heard "
+                         "of in CANARY_STALL_S as stuck; lower CANARY_REPORT_MS or raise "
+                         "CANARY_STALL_S")
 
 
 def move_policy(environ: Mapping[str, str], n_workers: int, balance: bool) -> Any:
