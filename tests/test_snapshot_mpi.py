@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,13 +79,26 @@ def _pid_of(tmp: Path, rank: int) -> int:
     return int(json.loads(starts[0].read_text())["pid"])
 
 
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], bytes]:
+    """Each app's uninterrupted output, computed once for the module."""
+    seen: dict[str, bytes] = {}
+
+    def get(app: str) -> bytes:
+        if app not in seen:
+            seen[app] = _reference(app, tmp_path_factory.mktemp(f"ref-{app}"))
+        return seen[app]
+    return get
+
+
 # every app, at 2 and 3 workers, losing a worker (a different one each time) or the controller
 @pytest.mark.parametrize("app,workers,victim", [
     (app, workers, victim) for k, app in enumerate(sorted(APPS)) for workers in (2, 3)
     for victim in (0, 1 + (k + workers) % workers)])
 def test_a_killed_rank_is_restarted_from_the_last_snapshot_with_the_same_answer(
-        app: str, workers: int, victim: int, tmp_path: Path) -> None:
-    ref = _reference(app, tmp_path)
+        app: str, workers: int, victim: int, tmp_path: Path,
+        references: Callable[[str], bytes]) -> None:
+    ref = references(app)
     ck = tmp_path / "ck"
     out = tmp_path / OUTPUT[app]
     proc = _canary_run(["-n", str(workers), "--checkpoint", str(ck), "--checkpoint-every", "0.1",
@@ -100,9 +114,10 @@ def test_a_killed_rank_is_restarted_from_the_last_snapshot_with_the_same_answer(
     assert _read(out) == ref
 
 
-def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(tmp_path: Path) -> None:
+def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(
+        tmp_path: Path, references: Callable[[str], bytes]) -> None:
     app = "logistic_regression"
-    ref = _reference(app, tmp_path)
+    ref = references(app)
     ck = tmp_path / "ck"
     out = tmp_path / "out.npz"
     proc = _canary_run(["-n", "2", "--checkpoint", str(ck), "--checkpoint-every", "0.3",
