@@ -597,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-peers", action="store_true",
                     help="run the slow peers (PySpark functional, the PageRank peers) at "
                          "every size")
+    ap.add_argument("--baselines", type=int, default=3,
+                    help="runs at the tiny size whose median peak memory is taken as the "
+                         "runtime's own footprint per worker (default 3)")
     ap.add_argument("--trace", default=None, help="Chrome trace of the canary runs (JSON)")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--repeats", type=int, default=None,
@@ -604,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
                          "with --quick); the fastest of each is compared (the machine's load "
                          "comes in bursts), the largest peak memory reported")
     args = ap.parse_args(argv)
+    if args.baselines < 1:
+        ap.error(f"--baselines {args.baselines}: at least one run is needed")
     sizes = QUICK_SIZES if args.quick else SIZES
     # 20: single iterations on this VM move by up to 40%, and a 12-iteration mean still did
     iters = args.iters or (5 if args.quick else 20)
@@ -618,14 +623,15 @@ def main(argv: list[str] | None = None) -> int:
     tmpdir = tempfile.TemporaryDirectory()
     for app in args.apps.split(","):
         # The runtime's own footprint per worker: the same app at a tiny size, the median of three
-        # runs. On a cold numba cache the first one compiles, and compiling takes memory the
-        # timed run, which finds the cache warm, does not (that would shrink the ratios); warm
-        # runs still differ by a few MB, a large share of what a small PageRank worker holds, so
-        # the median and not the smallest. As many iterations as the timed runs: both are traced
-        # (the iteration times come from the trace), and a worker's trace grows with its events
-        # (fully traced, one per task and message; loop-level, one an iteration).
+        # runs (--baselines). On a cold numba cache the first one compiles, and compiling takes
+        # memory the timed run, which finds the cache warm, does not (that would shrink the
+        # ratios); warm runs still differ by a few MB, a large share of what a small PageRank
+        # worker holds, so the median and not the smallest. As many iterations as the timed
+        # runs: both are traced (the iteration times come from the trace), and a worker's trace
+        # grows with its events (fully traced, one per task and message; loop-level, one an
+        # iteration).
         bases = [run_canary(app, _data(app, QUICK_SIZES[app][0], tmpdir.name), W, iters,
-                            _extra(app), args.timeout, None) for _ in range(3)]
+                            _extra(app), args.timeout, None) for _ in range(args.baselines)]
         base = statistics.median(b["peak_rss_mb"] for b in bases)
         for size in sizes[app]:
             gen = ",".join(str(v) for v in size)

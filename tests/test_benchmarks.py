@@ -130,8 +130,9 @@ def test_bounds_that_call_app_kernels_are_not_disk_cached() -> None:
 @pytest.mark.parametrize("app", ["logistic_regression", "kmeans", "pagerank"])
 def test_apps_quick_row_shape(app: str) -> None:
     repeats = 2 if app == "logistic_regression" else 1  # the interleaved repeats, once
+    # one baseline run: the median of three is for figures, not for the rows' shape
     rows = run_bench("apps.py", "--quick", "--no-peers", "--apps", app, "--iters", "5",
-                     "--repeats", str(repeats))
+                     "--repeats", str(repeats), "--baselines", "1")
     (row,) = [r for r in rows if r.get("app") == app and "canary_s" in r]
     assert len(row["canary_s_runs"]) == len(row["numba_s_runs"]) == repeats
     assert row["canary_s"] == min(row["canary_s_runs"])
@@ -145,13 +146,23 @@ def test_apps_quick_row_shape(app: str) -> None:
     assert row["canary_vs_numba_paired"] == pytest.approx(paired, abs=1e-3)
     assert len(row["peak_rss_mb_by_worker"]) == 2 and row["baseline_rss_mb"] > 0
     if app != "kmeans":  # the baseline runs as many (traced) iterations as the timed runs
-        assert row["baseline_iterations"] == [5, 5, 5]
+        assert row["baseline_iterations"] == [5]
     assert row["measure_wall_s"] > 0
     summary = rows[-1]
     key = f"{app}@{row['size']}"
     assert summary["summary"] == "apps" and key in summary["canary_vs_numba"]
     assert summary["canary_vs_numba_paired"][key] == row["canary_vs_numba_paired"]
     assert summary["wall_s"] >= row["measure_wall_s"]
+
+
+def test_apps_needs_a_baseline_run(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.apps as bench_apps
+
+    with pytest.raises(SystemExit) as stop:
+        bench_apps.main(["--quick", "--baselines", "0"])
+    assert stop.value.code == 2
+    assert "--baselines 0: at least one run is needed" in capsys.readouterr().err
 
 
 def test_lr_floor_quick_matches_numpy_and_reports_ratios(tmp_path: Path) -> None:
@@ -365,7 +376,8 @@ def test_apps_names_a_peer_whose_answer_is_wrong(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(bench_apps, "peer_spark_lr", peer(False))
     monkeypatch.setattr(bench_apps.spark_jvm, "peer_lr",
                         lambda *a, **k: {"peer": "spark_jvm_mappartitions", "skipped": "test"})
-    assert bench_apps.main(["--quick", "--apps", "logistic_regression", "--iters", "5"]) == 0
+    assert bench_apps.main(["--quick", "--apps", "logistic_regression", "--iters", "5",
+                            "--baselines", "1"]) == 0
     out, err = capsys.readouterr()
     rows = [json.loads(line) for line in out.splitlines()]
     (row,) = [r for r in rows if "canary_s" in r]
