@@ -57,6 +57,7 @@ Every line printed is JSON; the last is the summary with the ratios.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -67,6 +68,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numba
@@ -100,10 +102,31 @@ QUICK_SIZES: dict[str, list[tuple[int, ...]]] = {
 
 
 # ------------------------------------------------------------------ numba bounds
-# lr_gradient and km_step are NOT cached on disk: numba keys a cache entry on its own file
-# only, so a cached bound would keep running the app's kernel as it was when first compiled,
-# however the app's kernel changed since.
-@numba.njit(parallel=True)
+def njit_keyed_on(app: ModuleType) -> Callable[[Callable[..., Any]], Any]:
+    """``numba.njit(parallel=True, cache=True)`` for a bound that calls ``app``'s kernels,
+    cached in a folder named by a digest of ``app``'s source file.
+
+    Why: numba keys a cache entry on the file of the function it compiles, not on the files
+    of the kernels that function calls, so a bound cached as usual would keep running the app's
+    kernel as it was first compiled, however the app changed since; compiled afresh instead,
+    each bound costs every process that uses it 12 s. The folder is numba's own cache folder
+    (``NUMBA_CACHE_DIR``, else this file's ``__pycache__``) plus ``bounds-DIGEST``; numba
+    reads the cache folder when a function is decorated, so it is set for that moment only.
+    """
+    digest = hashlib.sha256(Path(app.__file__ or "").read_bytes()).hexdigest()[:16]
+    base = numba.config.CACHE_DIR or str(Path(__file__).resolve().parent / "__pycache__")
+
+    def jit(fn: Callable[..., Any]) -> Any:
+        saved = numba.config.CACHE_DIR
+        numba.config.CACHE_DIR = os.path.join(base, f"bounds-{digest}")
+        try:
+            return numba.njit(parallel=True, cache=True)(fn)
+        finally:
+            numba.config.CACHE_DIR = saved
+    return jit
+
+
+@njit_keyed_on(lr_app)
 def lr_gradient(X: np.ndarray, y: np.ndarray, w: np.ndarray, chunks: int) -> np.ndarray:
     """The app's own gradient kernel over ``chunks`` row blocks in parallel, summed:
     [gradient of the log-loss (d + 1), log-loss, rows]: the same arithmetic canary runs."""
@@ -116,7 +139,7 @@ def lr_gradient(X: np.ndarray, y: np.ndarray, w: np.ndarray, chunks: int) -> np.
     return part.sum(axis=0)
 
 
-@numba.njit(parallel=True)
+@njit_keyed_on(km_app)
 def km_step(X: np.ndarray, labels: np.ndarray, centers: np.ndarray, chunks: int) -> np.ndarray:
     """The app's own assignment kernel over ``chunks`` row blocks in parallel (labels updated
     in place); returns the summed ``partial`` (per-centre sums k*d, counts k, ...)."""

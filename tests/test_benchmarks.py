@@ -115,16 +115,41 @@ def test_apps_bound_kernels_match_numpy() -> None:
     assert outdeg.sum() == 500
 
 
-def test_bounds_that_call_app_kernels_are_not_disk_cached() -> None:
-    # numba keys a disk cache entry on the caller's file alone: a cached bound keeps running
-    # the app's kernel as first compiled, however the app changes since.
+def test_bounds_that_call_app_kernels_are_cached_under_the_apps_source(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # numba keys a disk cache entry on the caller's file alone: a bound cached there would keep
+    # running the app's kernel as first compiled, however the app changes since.
+    import hashlib
+    import importlib.util
+
+    import numba
+
     sys.path.insert(0, str(ROOT))
-    from numba.core.caching import NullCache
+    import apps.kmeans as km_app
+    import apps.logistic_regression as lr_app
+    from benchmarks.apps import km_step, lr_gradient, njit_keyed_on
 
-    from benchmarks.apps import km_step, lr_gradient
+    for bound, app in ((lr_gradient, lr_app), (km_step, km_app)):
+        digest = hashlib.sha256(Path(app.__file__).read_bytes()).hexdigest()[:16]
+        assert f"bounds-{digest}" in bound._cache._cache_path, bound.py_func.__name__
 
-    for bound in (lr_gradient, km_step):
-        assert isinstance(bound._cache, NullCache), bound.py_func.__name__
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba"))  # NUMBA_CACHE_DIR
+
+    def folder_for(source: str) -> str:
+        path = tmp_path / "app_like.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("app_like", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        before = numba.config.CACHE_DIR
+        bound = njit_keyed_on(module)(lambda x: x + 1)
+        assert numba.config.CACHE_DIR == before  # set for the decoration only
+        assert bound._cache._cache_path.startswith(str(tmp_path / "numba" / "bounds-"))
+        return str(bound._cache._cache_path)
+
+    one = folder_for("K = 1\n")
+    assert folder_for("K = 1\n") == one and folder_for("K = 2\n") != one
 
 
 @pytest.mark.parametrize("app", ["logistic_regression", "kmeans", "pagerank"])
