@@ -17,12 +17,14 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from canary.errors import DeclarationError, PartitionMismatchError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 READ = 0
 WRITE = 1
@@ -410,12 +412,24 @@ class Program:
         by smallest dataset id.
         """
         if self._groups is None:
-            g = nx.Graph()
-            g.add_nodes_from(d.id for d in self.datasets)
+            # union-find over a few dozen datasets: importing networkx for it cost every rank of
+            # every job 0.16 s at start-up
+            root = list(range(len(self.datasets)))
+
+            def find(i: int) -> int:
+                while root[i] != i:
+                    root[i] = root[root[i]]
+                    i = root[i]
+                return i
+
             for st in self.stages:
                 ds = [d.id for d in st.reads + st.writes]
-                g.add_edges_from(zip(ds, ds[1:]))
-            comps = sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0])
+                for a, b in zip(ds, ds[1:]):
+                    root[find(a)] = find(b)
+            members: dict[int, list[int]] = {}
+            for i in range(len(self.datasets)):
+                members.setdefault(find(i), []).append(i)
+            comps = sorted(members.values(), key=lambda c: c[0])
             self._groups = [tuple(self.datasets[i] for i in c) for c in comps]
             self._group_of = {d.id: gi for gi, grp in enumerate(self._groups) for d in grp}
         return self._groups
@@ -430,6 +444,8 @@ class Program:
         """Stage dependency graph: an edge s -> t labelled ``dataset`` when t may next access a
         dataset s accessed (in program order, loop back-edges included). For analysis and docs.
         """
+        import networkx as nx
+
         g = nx.MultiDiGraph()
         g.add_nodes_from((s.id, {"name": s.name, "kind": s.kind}) for s in self.stages)
         order = [op[1] for op in self.ops if op[0] == OP_STAGE or op[0] in (OP_WHILE, OP_IF)]

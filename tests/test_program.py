@@ -110,6 +110,33 @@ def test_colocation_groups_follow_compute_stages() -> None:
     assert any(d["dataset"] == "lw" for _, _, d in g.edges(data=True))
 
 
+def test_colocation_groups_are_networkx_connected_components() -> None:
+    import random
+
+    import networkx as nx
+
+    def _same(*arrays: np.ndarray) -> np.ndarray:
+        return arrays[0]
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        p = Program()
+        ds = [p.dataset(f"d{k}", 3) for k in range(rng.randint(1, 14))]
+        for d in ds:
+            p.load([d], _ones)
+        g = nx.Graph()
+        g.add_nodes_from(range(len(ds)))
+        for _ in range(rng.randint(0, 10)):
+            ins = rng.sample(ds, rng.randint(1, min(3, len(ds))))
+            out = rng.choice(ds)
+            p.compute(_same, ins, [out])
+            g.add_edges_from((a.id, out.id) for a in ins)
+        want = sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0])
+        assert [[d.id for d in grp] for grp in p.groups] == want, seed
+        assert all(p.group_of(d) == next(i for i, c in enumerate(want) if d.id in c)
+                   for d in ds)
+
+
 def test_digest_is_stable_and_sensitive() -> None:
     def make(parts: int) -> Program:
         p = Program("d")
