@@ -112,13 +112,21 @@ def njit_keyed_on(app: ModuleType) -> Callable[[Callable[..., Any]], Any]:
     each bound costs every process that uses it 12 s. The folder is numba's own cache folder
     (``NUMBA_CACHE_DIR``, else this file's ``__pycache__``) plus ``bounds-DIGEST``; numba
     reads the cache folder when a function is decorated, so it is set for that moment only.
+    Where that folder cannot be written, the bound is not cached: numba would fall back to a
+    folder keyed on this file alone.
     """
     digest = hashlib.sha256(Path(app.__file__ or "").read_bytes()).hexdigest()[:16]
     base = numba.config.CACHE_DIR or str(Path(__file__).resolve().parent / "__pycache__")
+    folder = os.path.join(base, f"bounds-{digest}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError:
+        return numba.njit(parallel=True)  # type: ignore[no-any-return]
 
     def jit(fn: Callable[..., Any]) -> Any:
         saved = numba.config.CACHE_DIR
-        numba.config.CACHE_DIR = os.path.join(base, f"bounds-{digest}")
+        numba.config.CACHE_DIR = folder
         try:
             return numba.njit(parallel=True, cache=True)(fn)
         finally:

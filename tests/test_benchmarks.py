@@ -123,6 +123,7 @@ def test_bounds_that_call_app_kernels_are_cached_under_the_apps_source(
     import importlib.util
 
     import numba
+    from numba.core.caching import NullCache
 
     sys.path.insert(0, str(ROOT))
     import apps.kmeans as km_app
@@ -133,9 +134,8 @@ def test_bounds_that_call_app_kernels_are_cached_under_the_apps_source(
         digest = hashlib.sha256(Path(app.__file__).read_bytes()).hexdigest()[:16]
         assert f"bounds-{digest}" in bound._cache._cache_path, bound.py_func.__name__
 
-    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba"))  # NUMBA_CACHE_DIR
-
-    def folder_for(source: str) -> str:
+    def bound_of(source: str) -> Any:
+        """A bound decorated with ``njit_keyed_on`` a module whose source is ``source``."""
         path = tmp_path / "app_like.py"
         path.write_text(source)
         spec = importlib.util.spec_from_file_location("app_like", path)
@@ -145,11 +145,16 @@ def test_bounds_that_call_app_kernels_are_cached_under_the_apps_source(
         before = numba.config.CACHE_DIR
         bound = njit_keyed_on(module)(lambda x: x + 1)
         assert numba.config.CACHE_DIR == before  # set for the decoration only
-        assert bound._cache._cache_path.startswith(str(tmp_path / "numba" / "bounds-"))
-        return str(bound._cache._cache_path)
+        return bound
 
-    one = folder_for("K = 1\n")
-    assert folder_for("K = 1\n") == one and folder_for("K = 2\n") != one
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba"))  # NUMBA_CACHE_DIR
+    one = bound_of("K = 1\n")._cache._cache_path
+    assert one.startswith(str(tmp_path / "numba" / "bounds-"))
+    assert bound_of("K = 1\n")._cache._cache_path == one
+    assert bound_of("K = 2\n")._cache._cache_path != one
+    # a cache folder that cannot be written: compiled afresh, never cached under another key
+    monkeypatch.setattr(numba.config, "CACHE_DIR", "/proc/no-such-folder")
+    assert isinstance(bound_of("K = 3\n")._cache, NullCache)
 
 
 @pytest.mark.parametrize("app", ["logistic_regression", "kmeans", "pagerank"])
