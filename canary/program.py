@@ -412,8 +412,8 @@ class Program:
         by smallest dataset id.
         """
         if self._groups is None:
-            # union-find over a few dozen datasets: importing networkx for it cost every rank of
-            # every job 0.16 s at start-up
+            # a union-find over a few dozen datasets: importing networkx for it would cost every
+            # rank of every job a quarter of a second at start-up
             root = list(range(len(self.datasets)))
 
             def find(i: int) -> int:

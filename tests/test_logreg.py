@@ -63,8 +63,9 @@ def test_answer_does_not_depend_on_workers_or_partitions(cancer: dict, workers: 
 
 def test_same_answer_under_fifty_interleavings(cancer: dict) -> None:
     """Seeds change message interleaving and task order; sums are in partition order, so the
-    result is bit-identical. A sum taken in another order differs in its last bits at once and
-    the difference stays, so 25 iterations show it as well as a run to convergence would."""
+    result is bit-identical. A sum taken in another order shows in the last bits of the first
+    iterations' gradients, and later iterations carry it on: 25 iterations show it as well as a
+    run to convergence would."""
     first = solve(cancer["dir"] / "cancer.npz", 3, 6, seed=0, max_iter=25)
     assert first[0] == 25  # not converged: every run does all 25
     for seed in range(1, 50):
