@@ -33,7 +33,9 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    ``threshold`` (10%) in ``patience`` (3) consecutive decisions, each on fresh reports from
    every worker, and only once every worker has reported ``patience`` times.
 4. It then moves greedily: from the busiest worker, the partition and destination that lower
-   the highest predicted load most, as long as a move lowers it by at least ``min_gain`` (2%
+   the highest predicted load most (among equal ones, the destination left least loaded: while
+   the source stays the busiest, every destination gives the same highest load), as long as a
+   move lowers it by at least ``min_gain`` (2%
    of the ideal) and the time it saves over ``horizon_s`` (10 s) exceeds its transfer time
    (bytes over ``bandwidth``, 1 GB/s, plus ``latency_s``); at most ``max_moves`` (8) at once.
    A partition never moves to a worker that loses more of its active time waiting for a CPU
@@ -332,7 +334,7 @@ class BalancePolicy:
         while len(moves) < self.max_moves:
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
             top = loads[src]
-            best: tuple[float, int, tuple[int, int], int] | None = None
+            best: tuple[float, float, int, tuple[int, int], int] | None = None
             for key in sorted(k for k, w in owner.items() if w == src):
                 p = self.parts[key]
                 if ctrl.moving(*key) or any(m[:2] == key for m in moves):
@@ -349,12 +351,15 @@ class BalancePolicy:
                     transfer = p.nbytes / self.bandwidth + self.latency_s
                     if gain < self.min_gain * ideal or gain * self.horizon_s <= transfer:
                         continue
-                    cand = (new_top, p.nbytes, key, dst)
+                    # while the source stays the busiest, every destination gives the same
+                    # top: the one left least loaded goes first, or one fast worker takes
+                    # them all
+                    cand = (new_top, after[dst], p.nbytes, key, dst)
                     if best is None or cand < best:
                         best = cand
             if best is None:
                 break
-            new_top, _, key, dst = best
+            new_top, _, _, key, dst = best
             p = self.parts[key]
             loads[src] -= work[key] / speeds[src]
             loads[dst] += work[key] / speeds[dst]
