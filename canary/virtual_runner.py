@@ -295,7 +295,7 @@ def next_batch(batch: int, ran: int, seconds: float, poll_interval_s: float,
     return batch
 
 
-_ARRIVE, _DONE, _WAKE = 0, 1, 2
+_ARRIVE, _DONE, _WAKE, _TICK = 0, 1, 2, 3
 
 
 def run_virtual(program: Program, workers: int, network: Network,
@@ -303,7 +303,8 @@ def run_virtual(program: Program, workers: int, network: Network,
                 config: WorkerConfig | None = None, load_reports: bool = True,
                 validate: bool = False, max_events: int = 100_000_000,
                 on_task: Callable[[int, Task, float, float], None] | None = None,
-                runtime: Runtime | None = None) -> VirtualResult:
+                runtime: Runtime | None = None, policy: Any = None, tick_s: float = 0.1,
+                slowdown: dict[int, float] | None = None) -> VirtualResult:
     """Run ``program`` on ``workers`` virtual workers over ``network`` (see the module doc).
 
     ``cost(task, measured_s)`` gives a task's virtual seconds (default :class:`TaskCost`\\ ()),
@@ -313,7 +314,11 @@ def run_virtual(program: Program, workers: int, network: Network,
     :data:`IDEAL`: nothing, at once). ``config``: the workers' :class:`WorkerConfig` (default:
     the defaults, with fused stretches of fixed size, since virtual durations say nothing about
     how long a real stretch would be). ``load_reports``: workers send the controller a load
-    report every ``config.report_s`` virtual seconds, as over MPI (no move policy runs).
+    report every ``config.report_s`` virtual seconds, as over MPI. ``policy``: the controller's
+    move policy (:mod:`canary.controller.balance`; None: no partition moves), asked every
+    ``tick_s`` virtual seconds, as over MPI; moved partitions cost the network their bytes.
+    ``slowdown``: worker index to a factor its tasks' priced seconds are multiplied by (what
+    ``CANARY_SLOWDOWN`` does over MPI).
     ``validate``: check every state's invariants and the cross-role one after each event.
     ``on_task(worker, task, start, end)`` is called for every task run, with its virtual start
     and end.
@@ -325,7 +330,13 @@ def run_virtual(program: Program, workers: int, network: Network,
     cost = cost or TaskCost()
     rt = runtime if runtime is not None else Runtime()
     config = replace(config or WorkerConfig(), adapt_fused=False)
-    ctrl = ControllerState(program, workers, None, stall_s=float("inf"))
+    ctrl = ControllerState(program, workers, policy, stall_s=float("inf"))
+    slow = [1.0] * workers
+    for w, factor in (slowdown or {}).items():
+        if not (0 <= w < workers) or not factor >= 1.0:
+            raise ValueError(f"slowdown {w}:{factor}: a worker index below {workers} and a "
+                             "factor of at least 1 are needed")
+        slow[w] = factor
     states = [WorkerState(program, w, workers, config) for w in range(workers)]
     nranks = workers + 1
     stats = [RankStats() for _ in range(nranks)]
@@ -448,7 +459,7 @@ def run_virtual(program: Program, workers: int, network: Network,
             # the cost model prices the task's own time; the runtime's call around it is the
             # same whatever the task stands for
             took = cost(task, ev.seconds if type(ev) is TaskDone and ev.seconds is not None
-                        else 0.0) + task_s
+                        else 0.0) * slow[w] + task_s
             if type(ev) is TaskDone:
                 ev.seconds = took
             st = stats[rank]
@@ -502,6 +513,8 @@ def run_virtual(program: Program, workers: int, network: Network,
         rank = worker_rank(w)
         carry_worker(rank, st.start())
         work(rank)
+    if policy is not None:
+        push(tick_s, _TICK, CONTROLLER, None)
     events = 0
     while heap and not outcome:
         now, _, kind, rank, item = heapq.heappop(heap)
@@ -526,6 +539,13 @@ def run_virtual(program: Program, workers: int, network: Network,
         elif kind == _WAKE:
             busy[rank] = False
             work(rank)
+        elif kind == _TICK:
+            # handled when the controller is next free, as its MPI loop would; none is scheduled
+            # once nothing else is pending, so that a job that stopped is still seen to stop
+            free_at[CONTROLLER] = max(free_at[CONTROLLER], now)
+            carry_controller(handle(CONTROLLER, Tick(next_id(CONTROLLER), free_at[CONTROLLER])))
+            if heap:
+                push(now + tick_s, _TICK, CONTROLLER, None)
         else:
             busy[rank] = False
             task, ev = item

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,48 @@ def test_a_batch_of_tasks_doubles_while_short_and_halves_while_long() -> None:
     assert next_batch(4, 4, 3e-5, 5e-5, 64) == 4
     with pytest.raises(ValueError, match="oversleep_s must be >= 0"):
         Runtime(oversleep_s=-1.0)
+
+
+def _gradient_ms(task: Any, measured_s: float) -> float:
+    """A fixed cost model: 1 ms per partition's gradient (fused or not), 10 µs for any other
+    task."""
+    if task.stretch is not None:
+        grads = sum(st.name == "gradient_kernel" for st, _, _ in task.stretch.instances)
+        return grads * len(task.stretch.idxs) * 1e-3 + 1e-5
+    return 1e-3 if task.stage.name == "gradient_kernel" else 1e-5
+
+
+@pytest.mark.parametrize("workers", [3, 8])
+def test_the_balancing_policy_in_virtual_time_reaches_the_best_split_around_a_slowed_worker(
+        workers: int) -> None:
+    # More workers than this machine has cores: the real policy and migration protocol, in
+    # virtual time. Worker 1's tasks take 3x as long; 8 partitions per worker.
+    from benchmarks.straggler import best_split
+    from canary.controller.balance import BalancePolicy
+
+    args = logistic_regression.parse_args(
+        ["--generate", "2000,6", "--max-iter", "200", "--tol", "1e-300", "--print-every", "0",
+         "--partitions", str(8 * workers)])
+    want = canary.run_local(logistic_regression.build(args, workers)[0], workers=workers).results
+    runs = {}
+    for policy in (None, BalancePolicy(workers)):
+        runs[policy is not None] = run_virtual(
+            logistic_regression.build(args, workers)[0], workers, NET, cost=_gradient_ms,
+            handle_s=2e-6, runtime=IDEAL, slowdown={1: 3.0}, policy=policy,
+            validate=policy is not None)  # every state's invariants while partitions move
+    off, on = runs[False], runs[True]
+    assert same_results(off.job.results, want) and same_results(on.job.results, want)
+    assert off.job.migrations == 0 and on.job.migrations >= 4 and on.job.bytes_migrated > 0
+    # off: every iteration waits for the slow worker's 8 partitions at 3 ms
+    assert statistics.median(off.iteration_seconds()) == pytest.approx(24e-3, rel=0.01)
+    # on: settled at the best split whole partitions allow, plus the runtime's few µs
+    best = best_split(workers, 8, 3.0) * 8 * workers * 1e-3
+    late = statistics.median(on.iteration_seconds()[-50:])
+    assert best <= late <= best * 1.02, (late, best)
+
+
+def test_a_slowdown_names_a_worker_and_a_factor_of_at_least_one() -> None:
+    prog = logistic_regression.build(logistic_regression.parse_args(LR_ARGS), 2)[0]
+    for bad in ({2: 3.0}, {0: 0.5}):
+        with pytest.raises(ValueError, match="a worker index below 2 and a factor of at least 1"):
+            run_virtual(prog, 2, NET, slowdown=bad)
