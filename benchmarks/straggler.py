@@ -29,11 +29,21 @@ whole-partition split (e.g. with two workers and one 2x slower, 1 partition per 
 better than leaving the slow worker its whole share; 8 come within 3% of the 2:1 split). The
 slowdown stretches tasks only, not the messages between them, so a run can beat it slightly.
 
+``--virtual 3,8,16`` adds runs on more workers than this machine has cores, in virtual time
+(``canary.virtual_runner.run_virtual``: the real policy and migration protocol, every task run
+for real): logistic regression with ``--ppw`` partitions per worker, the last worker
+``--factor`` times slower, each task priced by a fixed model (:func:`gradient_cost`: 1 ms per
+partition's gradient, 10 us for any other task), so the figures are the policy's arithmetic,
+the same on every machine, and neither a real machine's noise nor its waits for a CPU. Each
+row gives the balanced iteration against the best split and the ideal (``W ppw ms / (W - 1 +
+1 / factor)``), and the unbalanced one.
+
 Prints JSON lines (one per run, then a summary) and, with ``--plot DIR``, draws
 ``straggler.png`` (iteration time against time, moves marked) and ``micropartition_balance.png``.
 
     python benchmarks/straggler.py --plot docs/img/performance          # ~5 min
     python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~4 min
+    python benchmarks/straggler.py --apps "" --virtual 3,8,16            # ~15 s
     python benchmarks/straggler.py --quick                               # tiny (tests)
 """
 
@@ -174,13 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro", action="store_true", help="add the micropartitioning sweep")
     ap.add_argument("--micro-factor", type=float, default=2.0,
                     help="how much slower the last worker is in the sweep")
+    ap.add_argument("--virtual", default="", metavar="W,W,...",
+                    help="also balance on these numbers of virtual workers (virtual time)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
     ap.add_argument("--plot", default=None, metavar="DIR", help="write the charts here")
     ap.add_argument("--timeout", type=int, default=300)
     args = ap.parse_args(argv)
-    if args.micro_factor < 1 or args.factor < 1 or args.workers < 2 or args.ppw < 1:
-        ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2 "
-                 "and --ppw >= 1")
+    try:
+        virtual = [int(w) for w in args.virtual.split(",") if w]
+    except ValueError:
+        virtual = [0]
+    if (args.micro_factor < 1 or args.factor < 1 or args.workers < 2 or args.ppw < 1
+            or any(w < 2 for w in virtual)):
+        ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2, "
+                 "--ppw >= 1 and --virtual worker counts of 2 or more")
     W = args.workers
     slow = W - 1
     rows: list[dict[str, Any]] = []
@@ -247,10 +264,54 @@ def main(argv: list[str] | None = None) -> int:
             summary.setdefault("micro_steady_ms", {})[str(ppw)] = round(t_on, 4)
             summary.setdefault("micro_best_split_ms", {})[str(ppw)] = round(best, 4)
             summary.setdefault("micro_equal_ms", {})[str(ppw)] = round(t_eq, 4)
+    for w in virtual:
+        row = virtual_run(w, args.ppw, args.factor, 60 if args.quick else 400)
+        print(json.dumps(row), flush=True)
+        summary.setdefault("virtual_over_best_split", {})[str(w)] = row["over_best_split"]
+        summary.setdefault("virtual_over_ideal", {})[str(w)] = row["over_ideal"]
     print(json.dumps(summary), flush=True)
     if args.plot:
         plot(rows, args.plot)
     return 0
+
+
+def gradient_cost(task: Any, measured_s: float) -> float:
+    """A fixed cost model for virtual runs of logistic regression: 1 ms per partition's
+    gradient (fused or not), 10 us for any other task; the time measured here is ignored."""
+    if task.stretch is not None:
+        grads = sum(st.name == "gradient_kernel" for st, _, _ in task.stretch.instances)
+        return grads * len(task.stretch.idxs) * 1e-3 + 1e-5
+    return 1e-3 if task.stage.name == "gradient_kernel" else 1e-5
+
+
+def virtual_run(workers: int, ppw: int, factor: float, iters: int) -> dict[str, Any]:
+    """Logistic regression on ``workers`` virtual workers, the last ``factor`` times slower,
+    balancing off and on (see the module doc); one row."""
+    import apps.logistic_regression as lr
+    from canary.controller.balance import BalancePolicy
+    from canary.virtual_runner import IDEAL, Network, run_virtual
+
+    args = lr.parse_args(["--generate", "2000,6", "--max-iter", str(iters), "--tol", "1e-300",
+                          "--print-every", "0", "--partitions", str(workers * ppw)])
+    net = Network(5e-6, 1e9, "virtual")
+    got = {balance: run_virtual(lr.build(args, workers)[0], workers, net, cost=gradient_cost,
+                                handle_s=2e-6, runtime=IDEAL, slowdown={workers - 1: factor},
+                                policy=BalancePolicy(workers) if balance else None)
+           for balance in (False, True)}
+    on = got[True]
+    times = [t * 1e3 for t in on.iteration_seconds()]
+    ends = max((v for k, v in on.signal_ends.items() if k.startswith("while_")), key=len)
+    ideal = workers * ppw / (workers - 1 + 1 / factor)
+    best = best_split(workers, ppw, factor) * workers * ppw
+    settle = settled_at(times, ends[1:], ideal)
+    return {"app": "logistic_regression", "scenario": "virtual", "workers": workers, "ppw": ppw,
+            "factor": factor, "iterations": iters,
+            "off_ms": round(steady([t * 1e3 for t in got[False].iteration_seconds()]), 4),
+            "steady_ms": round(steady(times), 4), "best_split_ms": round(best, 4),
+            "ideal_ms": round(ideal, 4), "over_best_split": round(steady(times) / best, 3),
+            "over_ideal": round(steady(times) / ideal, 3),
+            "settled_s": None if settle is None else round(settle, 3),
+            "migrations": on.job.migrations, "bytes_migrated": on.job.bytes_migrated}
 
 
 def best_split(workers: int, ppw: int, factor: float) -> float:

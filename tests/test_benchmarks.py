@@ -431,6 +431,21 @@ def test_straggler_quick_prints_each_run_and_a_summary() -> None:
     assert set(summary["over_ideal"]) == {"logistic_regression/slowdown"}
 
 
+def test_straggler_virtual_prints_a_row_per_worker_count() -> None:
+    from benchmarks.straggler import best_split
+
+    rows = run_bench("straggler.py", "--quick", "--apps", "", "--virtual", "3",
+                     "--ppw", "2")
+    (row,) = rows[:-1]
+    assert (row["scenario"], row["workers"], row["ppw"], row["factor"]) == ("virtual", 3, 2, 3.0)
+    # unbalanced, each iteration waits for the slow worker's 2 gradients at 3 x 1 ms
+    assert row["off_ms"] == pytest.approx(6.0, rel=0.02)
+    assert row["best_split_ms"] == pytest.approx(6 * best_split(3, 2, 3.0))
+    assert row["over_best_split"] == pytest.approx(row["steady_ms"] / row["best_split_ms"],
+                                                   abs=1e-3)
+    assert rows[-1]["virtual_over_ideal"] == {"3": row["over_ideal"]}
+
+
 @pytest.mark.parametrize("workers,factor", [(2, 2.0), (2, 3.0), (3, 3.0), (3, 1.5)])
 def test_straggler_best_split_is_the_best_of_every_placement(workers: int, factor: float) -> None:
     import itertools
@@ -451,7 +466,8 @@ def test_straggler_best_split_is_the_best_of_every_placement(workers: int, facto
 
 
 @pytest.mark.parametrize("bad", [["--micro-factor", "0.5"], ["--factor", "0"],
-                                 ["--workers", "1"], ["--ppw", "0"]])
+                                 ["--workers", "1"], ["--ppw", "0"], ["--virtual", "3,1"],
+                                 ["--virtual", "eight"]])
 def test_straggler_rejects_settings_it_cannot_model(bad: list[str]) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "straggler.py"), *bad],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

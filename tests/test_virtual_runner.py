@@ -189,21 +189,13 @@ def test_a_batch_of_tasks_doubles_while_short_and_halves_while_long() -> None:
         Runtime(oversleep_s=-1.0)
 
 
-def _gradient_ms(task: Any, measured_s: float) -> float:
-    """A fixed cost model: 1 ms per partition's gradient (fused or not), 10 µs for any other
-    task."""
-    if task.stretch is not None:
-        grads = sum(st.name == "gradient_kernel" for st, _, _ in task.stretch.instances)
-        return grads * len(task.stretch.idxs) * 1e-3 + 1e-5
-    return 1e-3 if task.stage.name == "gradient_kernel" else 1e-5
-
-
 @pytest.mark.parametrize("workers", [3, 8])
 def test_the_balancing_policy_in_virtual_time_reaches_the_best_split_around_a_slowed_worker(
         workers: int) -> None:
     # More workers than this machine has cores: the real policy and migration protocol, in
-    # virtual time. Worker 1's tasks take 3x as long; 8 partitions per worker.
-    from benchmarks.straggler import best_split
+    # virtual time. Worker 1's tasks take 3x as long; 8 partitions per worker; a gradient task
+    # costs 1 ms (benchmarks/straggler.py --virtual prints the same runs' figures).
+    from benchmarks.straggler import best_split, gradient_cost
     from canary.controller.balance import BalancePolicy
 
     args = logistic_regression.parse_args(
@@ -213,7 +205,7 @@ def test_the_balancing_policy_in_virtual_time_reaches_the_best_split_around_a_sl
     runs = {}
     for policy in (None, BalancePolicy(workers)):
         runs[policy is not None] = run_virtual(
-            logistic_regression.build(args, workers)[0], workers, NET, cost=_gradient_ms,
+            logistic_regression.build(args, workers)[0], workers, NET, cost=gradient_cost,
             handle_s=2e-6, runtime=IDEAL, slowdown={1: 3.0}, policy=policy,
             validate=policy is not None)  # every state's invariants while partitions move
     off, on = runs[False], runs[True]
