@@ -35,9 +35,9 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
 4. It then moves greedily: from the busiest worker, the partition and destination that lower
    the highest predicted load most (among equal ones, the destination left least loaded: while
    the source stays the busiest, every destination gives the same highest load), as long as a
-   move lowers it by at least ``min_gain`` (2%
-   of the ideal) and the time it saves over ``horizon_s`` (10 s) exceeds its transfer time
-   (bytes over ``bandwidth``, 1 GB/s, plus ``latency_s``); at most ``max_moves`` (8) at once.
+   move lowers it by at least ``min_gain`` (2% of the ideal) and the time it saves over
+   ``horizon_s`` (10 s) exceeds its transfer time (bytes over ``bandwidth``, 1 GB/s, plus
+   ``latency_s``); at most ``max_moves`` (8) at once.
    A partition never moves to a worker that loses more of its active time waiting for a CPU
    than the worker it leaves, by more than ``wait_margin`` (10 points): such a worker answers
    every message late whatever it holds, a lag its load does not show, so even a light

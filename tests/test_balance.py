@@ -103,6 +103,18 @@ def test_a_three_times_slower_worker_is_relieved_of_its_share_and_then_left_alon
     assert len(job.moves) == 4  # no move back and forth
 
 
+def test_partitions_leaving_a_slow_worker_spread_over_the_others() -> None:
+    # While the slow worker stays the busiest, every destination predicts the same highest
+    # load: the tie goes to the worker left least loaded, not to the first worker each time.
+    job = Job([1.0] * 7 + [1.0 / 3], uniform(8, 8))
+    policy = BalancePolicy(8)
+    for r in range(200):
+        job.round(policy, r * 0.5)
+    counts = [sum(w == k for w in job.ctrl.owners.values()) for k in range(8)]
+    assert counts[7] == 3 and max(counts[:7]) == 9  # the best whole-partition split: 9 units
+    assert max(job.loads()) == pytest.approx(9.0)
+
+
 def test_moves_wait_for_the_imbalance_to_last_patience_rounds() -> None:
     job = Job([1.0, 1.0 / 3], uniform(2, 4))
     policy = BalancePolicy(2, patience=3)
