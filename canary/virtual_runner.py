@@ -266,11 +266,14 @@ class VirtualResult:
         """Gaps between consecutive ends of the main loop's signal task (the signal stage
         named ``prefix...`` with the most instances), as ``canary.trace.iteration_seconds``
         reads them from a real run's trace; [] if there is none."""
-        loops = [v for k, v in self.signal_ends.items() if k.startswith(prefix)]
-        if not loops:
-            return []
-        ends = max(loops, key=len)
+        ends = self.iteration_ends(prefix)
         return [b - a for a, b in zip(ends, ends[1:])]
+
+    def iteration_ends(self, prefix: str = "while_") -> list[float]:
+        """Virtual times at which the main loop's signal task (see :meth:`iteration_seconds`)
+        ended, one per iteration; [] if there is none."""
+        loops = [v for k, v in self.signal_ends.items() if k.startswith(prefix)]
+        return max(loops, key=len) if loops else []
 
     @property
     def controller(self) -> RankStats:
@@ -331,13 +334,12 @@ def run_virtual(program: Program, workers: int, network: Network,
     rt = runtime if runtime is not None else Runtime()
     config = replace(config or WorkerConfig(), adapt_fused=False)
     ctrl = ControllerState(program, workers, policy, stall_s=float("inf"))
-    slow = [1.0] * workers
-    for w, factor in (slowdown or {}).items():
-        if not (0 <= w < workers) or not factor >= 1.0:
-            raise ValueError(f"slowdown {w}:{factor}: a worker index below {workers} and a "
-                             "factor of at least 1 are needed")
-        slow[w] = factor
-    states = [WorkerState(program, w, workers, config) for w in range(workers)]
+    slowdown = slowdown or {}
+    if any(not 0 <= w < workers for w in slowdown):
+        raise ValueError(f"slowdown {slowdown}: worker indices must be below {workers}")
+    # each worker's own config carries its factor, as over MPI (WorkerConfig checks it)
+    states = [WorkerState(program, w, workers, replace(config, slowdown=slowdown.get(w, 1.0)))
+              for w in range(workers)]
     nranks = workers + 1
     stats = [RankStats() for _ in range(nranks)]
     inbox: list[deque[Any]] = [deque() for _ in range(nranks)]
@@ -459,7 +461,7 @@ def run_virtual(program: Program, workers: int, network: Network,
             # the cost model prices the task's own time; the runtime's call around it is the
             # same whatever the task stands for
             took = cost(task, ev.seconds if type(ev) is TaskDone and ev.seconds is not None
-                        else 0.0) * slow[w] + task_s
+                        else 0.0) * states[w].config.slowdown + task_s
             if type(ev) is TaskDone:
                 ev.seconds = took
             st = stats[rank]

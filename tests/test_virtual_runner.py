@@ -221,6 +221,7 @@ def test_the_balancing_policy_in_virtual_time_reaches_the_best_split_around_a_sl
 
 def test_a_slowdown_names_a_worker_and_a_factor_of_at_least_one() -> None:
     prog = logistic_regression.build(logistic_regression.parse_args(LR_ARGS), 2)[0]
-    for bad in ({2: 3.0}, {0: 0.5}):
-        with pytest.raises(ValueError, match="a worker index below 2 and a factor of at least 1"):
-            run_virtual(prog, 2, NET, slowdown=bad)
+    with pytest.raises(ValueError, match=r"slowdown \{2: 3.0\}: worker indices must be below 2"):
+        run_virtual(prog, 2, NET, slowdown={2: 3.0})
+    with pytest.raises(ValueError, match="WorkerConfig.slowdown must be a number >= 1, got 0.5"):
+        run_virtual(prog, 2, NET, slowdown={0: 0.5})
