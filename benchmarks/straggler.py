@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                         hog.wait()
             t_off = steady(got[False]["iteration_ms"])
             f = max(t_off / t_eq, 1.0)
-            ideal = W * t_eq / (W - 1 + 1 / f)
+            ideal = ideal_ms(W, t_eq, f)
             for balance, r in got.items():
                 settle = settled_at(r["iteration_ms"], r["at_s"], ideal) if balance else None
                 row = {"app": app, "scenario": scenario, "balance": balance,
@@ -300,18 +300,25 @@ def virtual_run(workers: int, ppw: int, factor: float, iters: int) -> dict[str, 
            for balance in (False, True)}
     on = got[True]
     times = [t * 1e3 for t in on.iteration_seconds()]
-    ends = max((v for k, v in on.signal_ends.items() if k.startswith("while_")), key=len)
-    ideal = workers * ppw / (workers - 1 + 1 / factor)
+    t_on = steady(times)
+    ideal = ideal_ms(workers, ppw * 1.0, factor)  # a fast worker: ppw gradients of 1 ms
     best = best_split(workers, ppw, factor) * workers * ppw
-    settle = settled_at(times, ends[1:], ideal)
+    settle = settled_at(times, on.iteration_ends()[1:], ideal)
     return {"app": "logistic_regression", "scenario": "virtual", "workers": workers, "ppw": ppw,
             "factor": factor, "iterations": iters,
             "off_ms": round(steady([t * 1e3 for t in got[False].iteration_seconds()]), 4),
-            "steady_ms": round(steady(times), 4), "best_split_ms": round(best, 4),
-            "ideal_ms": round(ideal, 4), "over_best_split": round(steady(times) / best, 3),
-            "over_ideal": round(steady(times) / ideal, 3),
+            "steady_ms": round(t_on, 4), "best_split_ms": round(best, 4),
+            "ideal_ms": round(ideal, 4), "over_best_split": round(t_on / best, 3),
+            "over_ideal": round(t_on / ideal, 3),
             "settled_s": None if settle is None else round(settle, 3),
             "migrations": on.job.migrations, "bytes_migrated": on.job.bytes_migrated}
+
+
+def ideal_ms(workers: int, equal_ms: float, factor: float) -> float:
+    """The ideal iteration (see the module doc): the work of ``workers`` equal workers that take
+    ``equal_ms`` an iteration, divided in proportion to their speeds, one ``factor`` times
+    slower."""
+    return workers * equal_ms / (workers - 1 + 1 / factor)
 
 
 def best_split(workers: int, ppw: int, factor: float) -> float:
