@@ -28,6 +28,8 @@ from canary.snapshot import (
     choose,
     committed,
     describe,
+    read_arrays,
+    write_arrays,
 )
 from tests.sequential import run_sequential
 from tests.test_random_programs import outcome, random_program
@@ -143,6 +145,30 @@ def _flip_a_data_byte(path: Path) -> None:
         b = fh.read(1)
         fh.seek(offset + 3)
         fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_arrays_of_every_kind_a_kernel_returns_read_back_as_written(tmp_path: Path) -> None:
+    import h5py
+
+    rows = [("w", 0, np.arange(5.0), 3), ("w", 7, np.array(2.5), 4),
+            ("empty", 0, np.zeros((0, 3)), 1), ("mask", 2, np.array([True, False]), 1),
+            ("counts", 3, np.arange(6, dtype=np.int32).reshape(2, 3), 2),
+            ("z", 0, np.array([1 + 2j, -3j]), 0), ("bytes", 1, np.arange(3, dtype=np.uint8), 0),
+            ("fortran", 0, np.asfortranarray(np.arange(6.0).reshape(2, 3)), 0)]
+    entries = write_arrays(str(tmp_path / "part.h5"), rows)
+    assert [(e["dataset"], e["index"], e["last_seq"]) for e in entries] == \
+        [(n, k, seq) for n, k, _, seq in rows]
+    for (_, _, want, _), got in zip(rows, read_arrays(str(tmp_path), entries)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want)
+    with h5py.File(tmp_path / "part.h5", "r") as f:  # an ordinary HDF5 file: /<dataset>/<index>
+        assert sorted(f) == sorted({n for n, *_ in rows})
+        assert np.array_equal(f["counts/3"][()], rows[4][2]) and f["w/7"][()] == 2.5
+    # a file whose array is not the manifest's shape, or lacks it, is named with the partition
+    with pytest.raises(SnapshotError, match=r"part\.h5: cannot read partition 0 of 'w'"):
+        read_arrays(str(tmp_path), [dict(entries[0], shape=[7], nbytes=56)])
+    with pytest.raises(SnapshotError, match="cannot read partition 0 of 'gone'"):
+        read_arrays(str(tmp_path), [dict(entries[0], dataset="gone")])
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "remove"])
