@@ -19,12 +19,12 @@ from tests.conftest import ROOT
 
 TIMEOUT = 240  # MPIEXEC_TIMEOUT of each launch; the subprocesses get more
 
-# Each job runs for a second or more after its first snapshot (0.1 s in), so the kill lands
-# mid-run; the partition counts are explicit, so that every worker count declares the same
+# Each job runs for most of a second or more after its first snapshot (0.1 s in), so the kill
+# lands mid-run; the partition counts are explicit, so that every worker count declares the same
 # program.
 APPS = {
     "logistic_regression": ["apps/logistic_regression.py", "--generate", "20000,10",
-                            "--max-iter", "2500", "--tol", "1e-300", "--partitions", "4"],
+                            "--max-iter", "1000", "--tol", "1e-300", "--partitions", "4"],
     "kmeans": ["apps/kmeans.py", "--generate", "100000,4,12", "--max-iter", "300", "--tol", "0",
                "--partitions", "6"],
     "pagerank": ["apps/pagerank.py", "--generate", "10000,100000", "--max-iter", "1500",
@@ -140,9 +140,9 @@ def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(
                               cwd=ROOT, env=_env(tmp_path / "tmp"), capture_output=True,
                               text=True, timeout=TIMEOUT + 60)
 
-    other = [a if a != "2500" else "2501" for a in APPS[app]]
+    other = [a if a != "1000" else "1001" for a in APPS[app]]
     r = resume(1, *other, "--output", str(out))
-    assert r.returncode == 2 and "argument 4 was '2500' and is now '2501'" in r.stderr, r.stderr
+    assert r.returncode == 2 and "argument 4 was '1000' and is now '1001'" in r.stderr, r.stderr
     for m in (1, 2, 3):
         r = resume(m)  # SCRIPT and ARGS left out: the recorded ones, --output included
         assert r.returncode == 0, r.stderr
@@ -155,7 +155,7 @@ def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(
 
 def test_a_disk_that_refuses_the_snapshot_fails_the_snapshot_not_the_job(tmp_path: Path) -> None:
     app = "logistic_regression"
-    longer = [a if a != "2500" else "8000" for a in APPS[app]]  # runs past its first snapshot
+    longer = [a if a != "1000" else "3000" for a in APPS[app]]  # runs past its first snapshot
     ref = _reference(app, tmp_path, longer)
     ck = tmp_path / "ck"
     out = tmp_path / OUTPUT[app]
