@@ -14,6 +14,8 @@ named a run folder (``CANARY_RUN_DIR``), also:
   :data:`END_WAIT` seconds for every rank to end; only if some rank is still running (and
   would wait for this one forever) is the job aborted. So no rank is killed before it has
   said why, and MPI adds no abort messages.
+* ends a rank whose driver ended well without the interpreter's teardown, once files, threads
+  and MPI are seen to (:func:`leave`): the job ends 0.5 s sooner.
 
 Without ``CANARY_RUN_DIR`` (launched by hand) it is plain ``python -m mpi4py``.
 
@@ -30,6 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from canary.sentinel import (
     RUN_DIR,
@@ -180,8 +183,10 @@ def main(argv: list[str] | None = None) -> None:
         status = exit_status(exc)
         if status != 0 and not (run is not None and run.end(status)):
             mpi4py_run.set_abort_status(status)  # some rank may still wait for this one
-        elif status == 0 and run is not None:
-            run.end(0)
+        elif status == 0:
+            if run is not None:
+                run.end(0)
+            leave()
         raise
     except KeyboardInterrupt as exc:
         mpi4py_run.set_abort_status(exc)
@@ -192,6 +197,47 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if run is not None:
         run.end(0)
+    leave()
+
+
+def leave() -> NoReturn:
+    """End this rank with status 0 once everything a normal exit does that anyone can see is
+    done: other threads joined, the ``atexit`` handlers run, every open file flushed (Python's
+    and HDF5's), MPI finalized. What is skipped is the interpreter's teardown, which took 0.4 s
+    of CPU once numba had loaded a kernel, on every rank of every job.
+
+    Only for a driver that ended well: a failing one takes the ordinary way out, which prints
+    its traceback and may abort the MPI job.
+    """
+    import atexit
+    import gc
+    import io
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for obj in gc.get_objects():  # files a driver left open, flushed as their finalizer would
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
+    h5py = sys.modules.get("h5py")
+    if h5py is not None:  # HDF5 would flush its open files in its own C-level exit handler
+        for fid in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE):
+            h5py.h5f.flush(fid, h5py.h5f.SCOPE_GLOBAL)
+    import mpi4py
+
+    mpi = sys.modules.get("mpi4py.MPI")  # finalized as mpi4py would, unless it was told not to
+    if (mpi is not None and mpi4py.rc.finalize is not False and mpi.Is_initialized()
+            and not mpi.Is_finalized()):
+        mpi.Finalize()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

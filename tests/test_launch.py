@@ -460,6 +460,21 @@ def test_workers_prints_are_shown_and_the_job_succeeds() -> None:
     assert "sum [6.0, 24.0]" in lines and r.stderr == ""
 
 
+def test_what_a_driver_leaves_to_the_exit_is_done_on_every_rank(tmp_path: Path) -> None:
+    # a rank that ends well skips the interpreter's teardown (canary.ranks.leave): what the
+    # teardown would have done for files and threads must still be done
+    import h5py
+    import numpy as np
+
+    r = canary_run(str(DRIVERS / "leaves_files_open.py"), str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    for rank in range(3):
+        assert (tmp_path / f"text-{rank}.txt").read_text() == f"rank {rank}\n" * 1000
+        with h5py.File(tmp_path / f"table-{rank}.h5", "r") as f:
+            assert np.array_equal(f["x"][()], np.arange(1000.0) * rank)
+        assert (tmp_path / f"thread-{rank}.txt").read_text() == "done\n"
+
+
 def test_an_argument_error_and_help_print_once() -> None:
     r = canary_run(LR, "--bogus")
     assert r.returncode == 2

@@ -1,0 +1,36 @@
+"""A driver that, after its job, leaves work for the interpreter's exit on every rank: a text
+file written and never closed, an HDF5 file written and never closed, and a (non-daemon) thread
+that writes a file a little later. Files go to the folder named by the first argument."""
+
+import os
+import sys
+import threading
+import time
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+import canary
+
+p = canary.Program("leaves_files_open")
+a, s = p.dataset("a", 2), p.dataset("s", 1)
+p.load([a], lambda i, n: np.array([float(i)]))
+p.reduce(a, s)
+p.report(s)
+canary.run(p)
+
+folder, rank = sys.argv[1], MPI.COMM_WORLD.Get_rank()
+text = open(os.path.join(folder, f"text-{rank}.txt"), "w")  # noqa: SIM115 (left open on purpose)
+text.write(f"rank {rank}\n" * 1000)
+table = h5py.File(os.path.join(folder, f"table-{rank}.h5"), "w")
+table.create_dataset("x", data=np.arange(1000.0) * rank)
+
+
+def later() -> None:
+    time.sleep(0.3)
+    with open(os.path.join(folder, f"thread-{rank}.txt"), "w") as f:
+        f.write("done\n")
+
+
+threading.Thread(target=later).start()
