@@ -28,7 +28,6 @@ Run: ``canary run -n 2 apps/kmeans.py`` (default: generated blobs 20000,10,8).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
@@ -610,6 +609,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from canary.script import run_main
+    from canary.script import end_script, run_main
 
-    sys.exit(run_main(__file__))  # under the name apps.<module>: one numba cache
+    end_script(run_main(__file__))  # under the name apps.<module>: one numba cache

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from typing import Any
 
@@ -387,6 +386,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from canary.script import run_main
+    from canary.script import end_script, run_main
 
-    sys.exit(run_main(__file__))  # under the name apps.<module>: one numba cache
+    end_script(run_main(__file__))  # under the name apps.<module>: one numba cache

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
 from typing import Any
 
@@ -740,6 +739,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from canary.script import run_main
+    from canary.script import end_script, run_main
 
-    sys.exit(run_main(__file__))  # under the name apps.<module>: one numba cache
+    end_script(run_main(__file__))  # under the name apps.<module>: one numba cache

@@ -8,7 +8,6 @@ The small complete example of docs/programming.md: load, compute, broadcast, red
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numba
 import numpy as np
@@ -99,6 +98,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from canary.script import run_main
+    from canary.script import end_script, run_main
 
-    sys.exit(run_main(__file__))  # under the name apps.<module>: one numba cache
+    end_script(run_main(__file__))  # under the name apps.<module>: one numba cache

@@ -460,13 +460,20 @@ def test_workers_prints_are_shown_and_the_job_succeeds() -> None:
     assert "sum [6.0, 24.0]" in lines and r.stderr == ""
 
 
-def test_what_a_driver_leaves_to_the_exit_is_done_on_every_rank(tmp_path: Path) -> None:
-    # a rank that ends well skips the interpreter's teardown (canary.ranks.leave): what the
-    # teardown would have done for files and threads must still be done
+@pytest.mark.parametrize("launcher", ["canary run", "mpiexec"])
+def test_what_a_driver_leaves_to_the_exit_is_done_on_every_rank(launcher: str,
+                                                                 tmp_path: Path) -> None:
+    # a rank that ends well skips the interpreter's teardown (canary.ranks.leave): under
+    # `canary run` whatever the driver does, under plain mpiexec when it ends as the apps do;
+    # what the teardown would have done for files, threads and MPI must still be done
     import h5py
     import numpy as np
 
-    r = canary_run(str(DRIVERS / "leaves_files_open.py"), str(tmp_path))
+    from tests.conftest import mpirun
+
+    driver = str(DRIVERS / "leaves_files_open.py")
+    r = (canary_run(driver, str(tmp_path)) if launcher == "canary run"
+         else mpirun(3, driver, str(tmp_path), "end_script", timeout=60))
     assert r.returncode == 0, r.stderr
     for rank in range(3):
         assert (tmp_path / f"text-{rank}.txt").read_text() == f"rank {rank}\n" * 1000

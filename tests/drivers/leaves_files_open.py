@@ -1,6 +1,7 @@
 """A driver that, after its job, leaves work for the interpreter's exit on every rank: a text
 file written and never closed, an HDF5 file written and never closed, and a (non-daemon) thread
-that writes a file a little later. Files go to the folder named by the first argument."""
+that writes a file a little later. Files go to the folder named by the first argument; with
+``end_script`` as the second, the driver ends as the apps do (``canary.script.end_script``)."""
 
 import os
 import sys
@@ -34,3 +35,8 @@ def later() -> None:
 
 
 threading.Thread(target=later).start()
+
+if sys.argv[2:] == ["end_script"]:
+    from canary.script import end_script
+
+    end_script(0)
