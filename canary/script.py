@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import NoReturn
 
 from canary.errors import CanaryError, JobAborted, TaskError
@@ -42,13 +43,38 @@ def run_main(file: str, argv: list[str] | None = None) -> int:
 
 
 def end_script(code: int) -> NoReturn:
-    """End a driver script with exit status ``code`` (what :func:`run_main` returned): 0
-    through :func:`canary.ranks.leave`, which skips the interpreter's teardown (0.4 s on every
-    rank once numba has loaded a kernel) under any launcher, anything else through
-    ``sys.exit``."""
-    if code == 0:
+    """End a driver script with exit status ``code`` (what :func:`run_main` returned); call it
+    at the script's top level.
+
+    0 goes through :func:`canary.ranks.leave`, which skips the interpreter's teardown (0.4 s on
+    every rank once numba has loaded a kernel), when the script is the process's program: run
+    by ``python``, ``python -m mpi4py`` or ``canary run``, with no profiler or tracer set.
+    Run by anything else that may go on after the script (``python -m cProfile`` prints its
+    figures then, IPython's ``%run`` returns to the prompt) and for any other code, the script
+    ends through ``sys.exit`` as usual.
+    """
+    caller = sys._getframe(1)
+    if code == 0 and sys.getprofile() is None and sys.gettrace() is None \
+            and _only_launchers_below(caller):
         leave()
     sys.exit(code)
+
+
+# what may run the script's top level: Python's runpy, mpi4py's `python -m mpi4py`, and
+# canary run's canary.ranks (whose main records the rank's end, as leave() does)
+_LAUNCHERS = frozenset({"runpy", "mpi4py.run", "mpi4py.__main__", "canary.ranks"})
+
+
+def _only_launchers_below(frame: FrameType) -> bool:
+    """Whether every frame below ``frame`` (the script's top level) is a launcher's."""
+    below = frame.f_back
+    while below is not None:
+        spec = below.f_globals.get("__spec__")
+        name = spec.name if spec is not None else below.f_globals.get("__name__")
+        if name not in _LAUNCHERS:
+            return False
+        below = below.f_back
+    return True
 
 
 def _call_main(module: object, name: str, argv: list[str] | None) -> int:

@@ -284,6 +284,49 @@ def test_run_main_turns_a_canary_error_into_one_line_and_status_2(
         run_main(str(pkg / "runs.py"), [])
 
 
+ENDS_WELL = """\
+from canary.script import end_script
+
+
+class Torn:
+    def __del__(self):
+        print("torn down", flush=True)
+
+
+keep = Torn()  # the interpreter's teardown deletes it, and so says whether there was one
+print("ran", flush=True)
+end_script(0)
+"""
+
+
+def test_end_script_skips_the_teardown_only_where_nothing_runs_after_the_script(
+        tmp_path: Path) -> None:
+    script = tmp_path / "ends_well.py"
+    script.write_text(ENDS_WELL)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cmd, str(script)], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+
+    for cmd in ([sys.executable], [sys.executable, "-m", "canary.ranks"]):  # the programs
+        r = run(*cmd)
+        assert (r.returncode, r.stdout) == (0, "ran\n"), (cmd, r.stderr)
+    # a profiler prints its figures after the script: the ordinary exit, teardown and all
+    r = run(sys.executable, "-m", "cProfile")
+    assert r.returncode == 0 and r.stdout.startswith("ran\n") and "function calls" in r.stdout
+    assert "torn down" in r.stdout, r.stdout
+    # a harness that goes on after the script (as IPython's %run): SystemExit; in a process of
+    # its own, so that a wrong os._exit(0) cannot end this test run as if it had passed
+    plain = tmp_path / "plain.py"
+    plain.write_text("from canary.script import end_script\nend_script(0)\n")
+    harness = ("import runpy, sys\ntry:\n    runpy.run_path(sys.argv[1], run_name='__main__')\n"
+               "except SystemExit as stop:\n    print('the harness goes on after', stop.code)\n")
+    r = subprocess.run([sys.executable, "-c", harness, str(plain)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, "the harness goes on after 0\n"), r.stderr
+
+
 def test_the_sentinel_stops_its_rank_when_the_launcher_is_gone(tmp_path: Path) -> None:
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
