@@ -1,12 +1,14 @@
 """A driver that, after its job, leaves work for the interpreter's exit on every rank: a text
-file written and never closed, an HDF5 file written and never closed, and a (non-daemon) thread
-that writes a file a little later. Files go to the folder named by the first argument; with
-``end_script`` as the second, the driver ends as the apps do (``canary.script.end_script``)."""
+file written and never closed, an HDF5 file written and never closed, a (non-daemon) thread
+that writes a file a little later, and a weak proxy whose object is gone. Files go to the
+folder named by the first argument; with ``end_script`` as the second, the driver ends as the
+apps do (``canary.script.end_script``)."""
 
 import os
 import sys
 import threading
 import time
+import weakref
 
 import h5py
 import numpy as np
@@ -26,6 +28,15 @@ text = open(os.path.join(folder, f"text-{rank}.txt"), "w")  # noqa: SIM115 (left
 text.write(f"rank {rank}\n" * 1000)
 table = h5py.File(os.path.join(folder, f"table-{rank}.h5"), "w")
 table.create_dataset("x", data=np.arange(1000.0) * rank)
+
+
+class Gone:
+    pass
+
+
+gone = Gone()
+dead = [weakref.proxy(gone)]  # asked anything (its class, say), it raises ReferenceError
+del gone
 
 
 def later() -> None:
