@@ -809,4 +809,6 @@ def _extra(app: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from canary.script import end_script
+
+    end_script(main())

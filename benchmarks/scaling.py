@@ -585,7 +585,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from canary.script import end_script
+
     if "--runtime-ranks" in sys.argv:
         runtime_ranks(int(sys.argv[sys.argv.index("--runtime-ranks") + 1]))
-        sys.exit(0)
-    sys.exit(main())
+        end_script(0)
+    end_script(main())

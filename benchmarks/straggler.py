@@ -396,4 +396,6 @@ def plot(rows: list[dict[str, Any]], out: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from canary.script import end_script
+
+    end_script(main())
