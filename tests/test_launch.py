@@ -306,14 +306,14 @@ def test_end_script_skips_the_teardown_only_where_nothing_runs_after_the_script(
     env = dict(os.environ, PYTHONPATH=str(ROOT))
 
     def run(*cmd: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*cmd, str(script)], env=env, cwd=tmp_path, capture_output=True,
+        return subprocess.run([sys.executable, *cmd], env=env, cwd=tmp_path, capture_output=True,
                               text=True, timeout=120)
 
-    for cmd in ([sys.executable], [sys.executable, "-m", "canary.ranks"]):  # the programs
-        r = run(*cmd)
+    for cmd in ([], ["-m", "canary.ranks"]):  # the programs
+        r = run(*cmd, str(script))
         assert (r.returncode, r.stdout) == (0, "ran\n"), (cmd, r.stderr)
     # a profiler prints its figures after the script: the ordinary exit, teardown and all
-    r = run(sys.executable, "-m", "cProfile")
+    r = run("-m", "cProfile", str(script))
     assert r.returncode == 0 and r.stdout.startswith("ran\n") and "function calls" in r.stdout
     assert "torn down" in r.stdout, r.stdout
     # a harness that goes on after the script (as IPython's %run): SystemExit; in a process of
@@ -322,8 +322,7 @@ def test_end_script_skips_the_teardown_only_where_nothing_runs_after_the_script(
     plain.write_text("from canary.script import end_script\nend_script(0)\n")
     harness = ("import runpy, sys\ntry:\n    runpy.run_path(sys.argv[1], run_name='__main__')\n"
                "except SystemExit as stop:\n    print('the harness goes on after', stop.code)\n")
-    r = subprocess.run([sys.executable, "-c", harness, str(plain)], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = run("-c", harness, str(plain))
     assert (r.returncode, r.stdout) == (0, "the harness goes on after 0\n"), r.stderr
 
 
