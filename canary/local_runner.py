@@ -48,6 +48,7 @@ from canary.messages import (
     local_event_id,
     worker_rank,
 )
+from canary.numba_load import load_array_functions
 from canary.program import Program
 from canary.result import JobResult
 from canary.snapshot import (
@@ -163,6 +164,7 @@ def run_local(
     :class:`canary.errors.JobStopped` (what has been committed stays on disk).
     """
     program.finalize()
+    load_array_functions()
     rng = random.Random(seed)
     if config is None:
         config = WorkerConfig(window=window, max_fused=max_fused)

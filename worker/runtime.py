@@ -36,6 +36,7 @@ from canary.messages import (
     local_event_id,
 )
 from canary.mpi_transport import MpiTransport, Recycler
+from canary.numba_load import load_array_functions
 from canary.program import Program
 from canary.snapshot import Manifest, load_part, save_part
 from canary.trace import Tracer
@@ -64,6 +65,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     cannot be read).
     """
     config = WorkerConfig.from_env() if config is None else config
+    load_array_functions()
     CHAINS.compile_after = config.compile_after
     rank = comm.Get_rank()
     state = WorkerState(program, rank - 1, comm.Get_size() - 1, config,
