@@ -48,9 +48,12 @@ def load_array_functions() -> None:
     Guarantees: afterwards numba behaves as if it had imported the module itself (the flag
     picks BLAS or a plain loop for ``np.correlate``/``np.convolve`` of floats), and
     ``scipy.linalg`` is imported only when a kernel calls BLAS. Does nothing when either module
-    is already imported. Raises nothing of its own; an ImportError of numba's passes through.
+    is already imported, and when numba is not: a process that has not imported numba by the
+    time its tasks start has no numba kernel to load (and importing numba costs 0.3 s). Raises
+    nothing of its own; an ImportError of numba's passes through.
     """
-    if "numba.np.arraymath" in sys.modules or _PROBED in sys.modules:
+    if ("numba" not in sys.modules or "numba.np.arraymath" in sys.modules
+            or _PROBED in sys.modules):
         return
     finder = _DeferScipyLinalg()
     sys.meta_path.insert(0, finder)
