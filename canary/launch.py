@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from canary.mpich_shm import remove_orphans
 from canary.ranks import RunRecords, read_records, role
 from canary.sentinel import (
     LAUNCHER,
@@ -457,6 +458,7 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
     stderr. Raises OSError if mpiexec cannot be started.
     """
     folder = tempfile.mkdtemp(prefix="canary-run-")
+    started = time.time()
     stopper = _Stopper()
     stopper.install()
     try:
@@ -476,6 +478,8 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
                 stopper.escalate(time.monotonic())
         records = read_records(folder)
         _end_leftover_ranks(records)
+        if proc.returncode != 0:  # killed ranks leave MPICH's shared memory behind
+            remove_orphans(started)
         end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname())
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts

@@ -14,6 +14,7 @@ from canary.env import env_choice, env_number
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.local_runner import run_local
+from canary.mpich_shm import release_own_segments
 from canary.program import Program
 from canary.result import JobResult
 from canary.snapshot import Manifest, SnapshotConfig, check_resumable, read_manifest
@@ -226,6 +227,7 @@ def _abort(comm: Any, linger: float) -> None:
     has written but the launcher has not yet forwarded is lost, so the reason just printed
     could vanish (seen: exit code 1 with empty stderr under load).
     """
+    release_own_segments()  # before the wait: the job may end this rank first
     sys.stderr.flush()
     sys.stdout.flush()
     time.sleep(linger)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from canary.mpich_shm import release_own_segments
 from canary.sentinel import (
     RUN_DIR,
     RUN_RANKS,
@@ -182,18 +183,26 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as exc:
         status = exit_status(exc)
         if status != 0 and not (run is not None and run.end(status)):
-            mpi4py_run.set_abort_status(status)  # some rank may still wait for this one
+            _abort_at_exit(status)  # some rank may still wait for this one
         elif status == 0:
             leave()
         raise
     except KeyboardInterrupt as exc:
-        mpi4py_run.set_abort_status(exc)
+        _abort_at_exit(exc)
         raise
     except BaseException:
         if not (run is not None and run.end(1)):
-            mpi4py_run.set_abort_status(1)
+            _abort_at_exit(1)
         raise
     leave()
+
+
+def _abort_at_exit(status: int | BaseException) -> None:
+    """Have mpi4py abort the MPI job with ``status`` once this rank's driver has unwound."""
+    from mpi4py import run as mpi4py_run
+
+    release_own_segments()
+    mpi4py_run.set_abort_status(status)
 
 
 def leave() -> NoReturn:

@@ -9,6 +9,7 @@ from types import FrameType
 from typing import NoReturn
 
 from canary.errors import CanaryError, JobAborted, TaskError
+from canary.mpich_shm import release_own_segments
 from canary.ranks import end_rank, leave
 
 
@@ -104,6 +105,7 @@ def _end_job_on_failure(code: int) -> int:
                 return code
             import time
 
+            release_own_segments()
             sys.stderr.flush()
             sys.stdout.flush()
             time.sleep(1.0)  # let the launcher forward what this rank printed

@@ -1,0 +1,125 @@
+"""MPICH's shared-memory files, removed when a job does not end well.
+
+MPICH puts the memory that the ranks of one host share in a file, ``/dev/shm/mpich_shm_*``
+(3 to 4 MB for a few ranks), and removes it in ``MPI_Finalize``. A job that ends with
+``MPI_Abort``, or whose rank is killed, never finalizes, and ``/dev/shm`` is memory: each
+failed job would keep its file's memory until the machine restarts. So:
+
+* a rank about to abort the job removes the names of the files it has mapped
+  (:func:`release_own_segments`); every rank of its host has them mapped already, so the
+  memory stays theirs until they end, and is then freed;
+* ``canary run``, after a job that did not end well, removes the files on its host that were
+  made or written since the job started and that no process maps any more
+  (:func:`remove_orphans`): those of ranks that were killed. (tmpfs dates a file by its last
+  write, so its age cannot tell an orphan from a file being made.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+
+PREFIX = "mpich_shm_"
+SHM_FOLDER = "/dev/shm"
+
+
+def mapped_segments(maps: Iterable[str]) -> list[str]:
+    """The MPICH shared-memory files named in the lines of a ``/proc/PID/maps``, each once, in
+    order; files already removed (``(deleted)``) are left out."""
+    found: list[str] = []
+    for line in maps:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue
+        path = fields[5].strip()
+        if path.endswith(" (deleted)"):
+            continue
+        if os.path.basename(path).startswith(PREFIX) and path not in found:
+            found.append(path)
+    return found
+
+
+def release_own_segments() -> list[str]:
+    """Remove the names of the MPICH files this process maps; return those removed.
+
+    For a rank that is about to abort the job: the mapped memory stays valid for every process
+    that maps it. Never raises: where ``/proc`` cannot be read (not Linux), nothing is done.
+    """
+    try:
+        with open("/proc/self/maps") as f:
+            paths = mapped_segments(f)
+    except OSError:
+        return []
+    removed = []
+    for path in paths:
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:  # another rank of this host was first
+            pass
+    return removed
+
+
+def remove_orphans(since: float, settle: float = 0.05, folder: str = SHM_FOLDER) -> list[str]:
+    """Remove the MPICH files in ``folder`` of this user that were made or written at ``since``
+    (a ``time.time()``) or later and that no process maps; return their paths.
+
+    A file is removed only if no process maps it in two looks ``settle`` seconds apart, and it
+    was not written in between: MPICH maps a file right after making it, and the process that
+    made it may not have got there at the first look. Only processes whose memory maps this
+    user can read are seen; others cannot open this user's files. Never raises.
+    """
+    candidates = _changed_since(folder, since)
+    for look in range(2):
+        if not candidates:
+            return []
+        if look:
+            time.sleep(settle)
+        in_use = _mapped_anywhere()
+        now = _changed_since(folder, since)
+        candidates = {path: ctime for path, ctime in candidates.items()
+                      if path not in in_use and now.get(path) == ctime}
+    removed = []
+    for path in sorted(candidates):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _changed_since(folder: str, since: float) -> dict[str, float]:
+    """This user's MPICH files in ``folder`` changed at ``since`` or later, with when."""
+    found = {}
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.name.startswith(PREFIX):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_uid == os.getuid() and st.st_ctime >= since:
+                    found[entry.path] = st.st_ctime
+    except OSError:
+        pass
+    return found
+
+
+def _mapped_anywhere() -> set[str]:
+    """The MPICH files mapped by the processes whose memory maps this user can read."""
+    in_use: set[str] = set()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return in_use
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                in_use.update(mapped_segments(f))
+        except OSError:  # gone, or another user's
+            continue
+    return in_use
