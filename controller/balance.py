@@ -109,7 +109,8 @@ class ChaosPolicy:
 
 class ScriptedPolicy:
     """Moves ``(at, group, index, dest)``: partition ``index`` of ``group`` to ``dest`` at the
-    first tick ``at`` seconds or more into the job."""
+    first tick ``at`` seconds or more into the job, in order: a move of a partition that is
+    still moving waits for that move to end (the controller would drop it)."""
 
     def __init__(self, moves: list[tuple[float, int, int, int]]) -> None:
         self.pending = sorted(moves)
@@ -118,9 +119,16 @@ class ScriptedPolicy:
         """Scripted moves do not depend on loads."""
 
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
-        due = [m for m in self.pending if m[0] <= now]
-        self.pending = self.pending[len(due):]
-        return [(g, i, dest, f"scripted for {at:g} s") for at, g, i, dest in due]
+        out: list[tuple[int, int, int, str]] = []
+        waiting: list[tuple[float, int, int, int]] = []
+        for at, g, i, dest in self.pending:
+            busy = ctrl.moving(g, i) or any(m[0] == g and m[1] == i for m in out)
+            if at > now or busy or any(w[1] == g and w[2] == i for w in waiting):
+                waiting.append((at, g, i, dest))
+            else:
+                out.append((g, i, dest, f"scripted for {at:g} s"))
+        self.pending = waiting
+        return out
 
 
 @dataclass

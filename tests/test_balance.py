@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from canary.controller.balance import BalancePolicy, ChaosPolicy
+from canary.controller.balance import BalancePolicy, ChaosPolicy, ScriptedPolicy
 from canary.messages import LoadReport
 
 
@@ -181,6 +181,21 @@ def test_chaos_moves_are_seeded_and_leave_moving_partitions_alone() -> None:
     b = [ChaosPolicy(5, moves=3).decide(t, ctrl_map) for t in range(20)]
     assert a == b and any(a)
     assert all(i != 0 and dest != owners[(0, i)] for ms in a for _, i, dest, _ in ms)
+
+
+def test_scripted_moves_of_one_partition_wait_for_the_one_before_in_order() -> None:
+    ctrl = FakeController(2, {(0, 1): 1, (0, 2): 1})
+    policy = ScriptedPolicy([(0.6, 0, 1, 0), (0.2, 0, 1, 0), (0.4, 0, 1, 1), (0.4, 0, 2, 0)])
+    assert policy.decide(0.1, ctrl) == []
+    # all four are due at one late tick: partition 1's first move and partition 2's go
+    assert [m[:3] for m in policy.decide(0.7, ctrl)] == [(0, 1, 0), (0, 2, 0)]
+    ctrl.in_flight = {1: (0, 1)}
+    assert policy.decide(0.8, ctrl) == []  # partition 1 is still moving
+    ctrl.in_flight = {}
+    assert [m[:3] for m in policy.decide(0.9, ctrl)] == [(0, 1, 1)]
+    ctrl.in_flight = {}
+    assert [m for m in policy.decide(1.0, ctrl)] == [(0, 1, 0, "scripted for 0.6 s")]
+    assert policy.decide(9.0, ctrl) == [] and policy.pending == []
 
 
 def test_a_policy_for_no_worker_is_a_clear_error() -> None:
