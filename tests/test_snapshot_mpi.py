@@ -1,11 +1,13 @@
 """Snapshots over MPI through ``canary run``: a rank killed with SIGKILL after the first snapshot
-is committed, the job relaunched from it (``--restarts 1``), and the answer bit for bit that of
-an uninterrupted run; a job resumed on another number of workers (``--resume``)."""
+is committed, the job relaunched from it, another rank killed after the relaunch's first snapshot
+(``--restarts 2``), and the answer bit for bit that of an uninterrupted run; a job resumed on
+another number of workers (``--resume``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,12 +67,26 @@ def _canary_run(args: list[str], tmp: Path, log: str) -> subprocess.Popen[bytes]
         return subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp / "tmp"), stdout=out, stderr=err)
 
 
-def _wait_for_snapshot(proc: subprocess.Popen[bytes], ck: Path) -> None:
+def _wait_for_snapshot(proc: subprocess.Popen[bytes], ck: Path, newer_than: int = 0) -> None:
+    """Return once a snapshot numbered above ``newer_than`` is committed in ``ck``."""
     deadline = time.monotonic() + TIMEOUT
-    while not list(ck.glob("snapshot-*/manifest.json")):
-        assert proc.poll() is None, "the job ended before its first snapshot was committed"
+    while not any(int(m.parent.name.split("-")[1]) > newer_than
+                  for m in ck.glob("snapshot-*/manifest.json")):
+        assert proc.poll() is None, "the job ended before the snapshot was committed"
         assert time.monotonic() < deadline, "no snapshot was committed"
         time.sleep(0.01)
+
+
+def _wait_for_restart(proc: subprocess.Popen[bytes], err: Path, attempt: int) -> int:
+    """Return the number of the snapshot that ``canary run``'s ``attempt``-th restart resumes
+    from, once it says so."""
+    deadline = time.monotonic() + TIMEOUT
+    pattern = re.compile(rf"restarting the job \({attempt} of \d+\) from snapshot (\d+)")
+    while not (found := pattern.search(err.read_text())):
+        assert proc.poll() is None, err.read_text()
+        assert time.monotonic() < deadline, "the job was not restarted"
+        time.sleep(0.01)
+    return int(found.group(1))
 
 
 def _pid_of(tmp: Path, rank: int) -> int:
@@ -91,26 +107,33 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], byte
     return get
 
 
-# every app, at 2 and 3 workers, losing a worker (a different one each time) or the controller
-@pytest.mark.parametrize("app,workers,victim", [
-    (app, workers, victim) for k, app in enumerate(sorted(APPS)) for workers in (2, 3)
-    for victim in (0, 1 + (k + workers) % workers)])
-def test_a_killed_rank_is_restarted_from_the_last_snapshot_with_the_same_answer(
-        app: str, workers: int, victim: int, tmp_path: Path,
-        references: Callable[[str], bytes]) -> None:
+# every app, at 2 and 3 workers, losing a worker (a different one each time) and then, once
+# restarted, the controller, or the other way round: every app loses each kind of rank at each
+# worker count, and a restarted job recovers again
+@pytest.mark.parametrize("app,workers", [(app, w) for app in sorted(APPS) for w in (2, 3)])
+def test_killed_ranks_are_restarted_from_the_last_snapshot_with_the_same_answer(
+        app: str, workers: int, tmp_path: Path, references: Callable[[str], bytes]) -> None:
+    k = sorted(APPS).index(app)
+    worker = 1 + (k + workers) % workers
+    victims = [worker, 0] if (k + workers) % 2 == 0 else [0, worker]
     ref = references(app)
     ck = tmp_path / "ck"
     out = tmp_path / OUTPUT[app]
     proc = _canary_run(["-n", str(workers), "--checkpoint", str(ck), "--checkpoint-every", "0.1",
-                        "--restarts", "1", *APPS[app], "--output", str(out)], tmp_path, "job")
+                        "--restarts", "2", *APPS[app], "--output", str(out)], tmp_path, "job")
     _wait_for_snapshot(proc, ck)
-    os.kill(_pid_of(tmp_path, victim), signal.SIGKILL)
+    os.kill(_pid_of(tmp_path, victims[0]), signal.SIGKILL)
+    resumed_from = _wait_for_restart(proc, tmp_path / "job.err", 1)
+    _wait_for_snapshot(proc, ck, newer_than=resumed_from)
+    os.kill(_pid_of(tmp_path, victims[1]), signal.SIGKILL)
     assert proc.wait(timeout=TIMEOUT + 60) == 0, (tmp_path / "job.err").read_text()
     err = (tmp_path / "job.err").read_text()
-    who = "controller" if victim == 0 else f"worker {victim - 1}"
-    assert f"rank {victim} ({who}" in err and "killed by SIGKILL" in err, err
-    assert "canary: restarting the job (1 of 1) from snapshot " in err, err
-    assert "canary: resumed from snapshot " in err, err
+    for victim in victims:
+        who = "controller" if victim == 0 else f"worker {victim - 1}"
+        assert f"rank {victim} ({who}" in err, err
+    assert err.count("killed by SIGKILL") == 2, err
+    assert "canary: restarting the job (2 of 2) from snapshot " in err, err
+    assert "canary: resumed from snapshot " in err, err  # the attempt that finished says so
     assert _read(out) == ref
 
 
