@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from canary.mpich_shm import release_own_segments
 from canary.sentinel import (
@@ -197,6 +197,15 @@ def main(argv: list[str] | None = None) -> None:
     leave()
 
 
+def active_mpi() -> Any:
+    """``mpi4py.MPI`` if this process has imported it and MPI is initialized and not yet
+    finalized, else None (importing nothing)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return None
+    return mpi
+
+
 def _abort_at_exit(status: int | BaseException) -> None:
     """Have mpi4py abort the MPI job with ``status`` once this rank's driver has unwound."""
     from mpi4py import run as mpi4py_run
@@ -237,10 +246,9 @@ def leave() -> NoReturn:
                     obj.flush()
             except (OSError, ValueError):
                 pass
-    mpi4py, mpi = sys.modules.get("mpi4py"), sys.modules.get("mpi4py.MPI")
+    mpi = active_mpi()
     # finalized as mpi4py would at exit, unless it was told not to
-    if (mpi4py is not None and mpi is not None and mpi4py.rc.finalize is not False
-            and mpi.Is_initialized() and not mpi.Is_finalized()):
+    if mpi is not None and sys.modules["mpi4py"].rc.finalize is not False:
         mpi.Finalize()
     for stream in (sys.stdout, sys.stderr):
         try:

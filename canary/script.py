@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from canary.errors import CanaryError, JobAborted, TaskError
 from canary.mpich_shm import release_own_segments
-from canary.ranks import end_rank, leave
+from canary.ranks import active_mpi, end_rank, leave
 
 
 def run_main(file: str, argv: list[str] | None = None) -> int:
@@ -97,17 +97,15 @@ def _end_job_on_failure(code: int) -> int:
     has ended (a driver that rejects its input fails on every rank alike): no rank is killed
     before it has said why, and MPI adds no abort messages.
     """
-    if code != 0 and "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
+    mpi = active_mpi() if code != 0 else None
+    if mpi is not None and mpi.COMM_WORLD.Get_size() > 1:
+        if end_rank(code):
+            return code
+        import time
 
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-            if end_rank(code):
-                return code
-            import time
-
-            release_own_segments()
-            sys.stderr.flush()
-            sys.stdout.flush()
-            time.sleep(1.0)  # let the launcher forward what this rank printed
-            MPI.COMM_WORLD.Abort(code)
+        release_own_segments()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        time.sleep(1.0)  # let the launcher forward what this rank printed
+        mpi.COMM_WORLD.Abort(code)
     return code
