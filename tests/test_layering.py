@@ -126,8 +126,8 @@ def test_mpi_is_imported_in_the_few_modules_that_talk_to_it() -> None:
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             if any(n.split(".")[0] == "mpi4py" for n in names):
                 importers.add(name)
-    assert importers == {"canary.mpi_transport", "canary.mpi_runner", "canary.script",
-                         "canary.ranks", "canary.worker.runtime", "canary.controller.runtime",
+    assert importers == {"canary.mpi_transport", "canary.mpi_runner", "canary.ranks",
+                         "canary.worker.runtime", "canary.controller.runtime",
                          # a pool's ranks and its job-tagged transport (canary.pool)
                          "canary.pool.host", "canary.pool.transport",
                          "canary.doctor"}  # doctor: its ranks time MPI links themselves
