@@ -14,7 +14,7 @@ from pathlib import Path
 
 from canary import hosts, launch
 from canary.driver import RESUME_ENV
-from canary.mpi_runner import BALANCE_ENV, CHECKPOINT_ENV, CHECKPOINT_EVERY_ENV, KEEP_ENV
+from canary.env import BALANCE_ENV, CHECKPOINT_ENV, CHECKPOINT_EVERY_ENV, KEEP_ENV
 from canary.snapshot import (
     Manifest,
     SnapshotError,

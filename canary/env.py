@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+# What ``canary run`` sets for the job's ranks (``canary.mpi_runner`` reads them)
+CHAOS_ENV = "CANARY_CHAOS_MIGRATE"  # a seed: random moves (tests, experiments)
+BALANCE_ENV = "CANARY_BALANCE"  # on | off (--balance)
+CHECKPOINT_ENV = "CANARY_CHECKPOINT"  # the snapshot folder (--checkpoint)
+CHECKPOINT_EVERY_ENV = "CANARY_CHECKPOINT_EVERY"  # seconds between snapshots
+KEEP_ENV = "CANARY_KEEP"  # snapshots kept
+
 
 def env_number(name: str, default: float, minimum: float = 0.0, integer: bool = False,
                environ: Mapping[str, str] = os.environ) -> float:

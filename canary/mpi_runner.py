@@ -10,7 +10,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from canary.driver import RESUME_ENV
-from canary.env import env_choice, env_number
+from canary.env import (
+    BALANCE_ENV,
+    CHAOS_ENV,
+    CHECKPOINT_ENV,
+    CHECKPOINT_EVERY_ENV,
+    KEEP_ENV,
+    env_choice,
+    env_number,
+)
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.local_runner import run_local
@@ -122,11 +130,6 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     return None  # pragma: no cover - Abort does not return
 
 
-CHAOS_ENV = "CANARY_CHAOS_MIGRATE"
-BALANCE_ENV = "CANARY_BALANCE"
-CHECKPOINT_ENV = "CANARY_CHECKPOINT"
-CHECKPOINT_EVERY_ENV = "CANARY_CHECKPOINT_EVERY"
-KEEP_ENV = "CANARY_KEEP"
 
 
 def checkpoint_config(environ: Mapping[str, str]) -> SnapshotConfig | None:

@@ -7,6 +7,8 @@ lazy import cannot hide a dependency that goes the wrong way.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -131,3 +133,21 @@ def test_mpi_is_imported_in_the_few_modules_that_talk_to_it() -> None:
                          # a pool's ranks and its job-tagged transport (canary.pool)
                          "canary.pool.host", "canary.pool.transport",
                          "canary.doctor"}  # doctor: its ranks time MPI links themselves
+
+
+def test_the_commands_start_without_the_engine() -> None:
+    # `canary run` and the other commands import canary's package, whose public names load on
+    # first use: the launcher must not pay for the runners, the roles and their imports
+    code = ("import sys, canary.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith(('canary.local_runner', "
+            "'canary.mpi_runner', 'canary.worker', 'canary.controller', 'numba'))))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+    # and each public name still comes from its module
+    import canary
+    import canary.local_runner
+    import canary.program
+
+    assert canary.run_local is canary.local_runner.run_local
+    assert canary.Program is canary.program.Program and "Program" in dir(canary)
