@@ -120,9 +120,11 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         comm.Free()
         return result
     except JobAborted:
-        # Rank 0 printed the reason when it decided to abort and now ends every rank. A worker
-        # told to abort waits for that, and only ends the job itself if rank 0 never does.
-        _abort(comm, linger=1.0 if rank == 0 else 60.0)
+        # Rank 0 printed the reason when it decided to abort and now ends every rank, a second
+        # later. A worker told to abort waits for that, and only ends the job itself if rank 0
+        # has not within 15 s: under a loaded test suite, rank 0's abort once in a few hundred
+        # jobs did not end the job, which then waited for its workers' fallback.
+        _abort(comm, linger=1.0 if rank == 0 else 15.0)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
         print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
