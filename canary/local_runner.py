@@ -88,6 +88,8 @@ def validate_cluster(ctrl: ControllerState, states: list[WorkerState]) -> None:
                 continue
             assert key not in held, f"partition {key} held by workers {held[key]} and {s.worker}"
             held[key] = s.worker
+    owners, versions = ctrl.map.owners, ctrl.map.versions
+    worker_versions = [s.map.versions for s in states if s.map is not None]
     for d in program.datasets:
         g = program.group_of(d)
         for i in range(d.partitions):
@@ -97,11 +99,10 @@ def validate_cluster(ctrl: ControllerState, states: list[WorkerState]) -> None:
                     f"partition {i} of '{d.name}' is held by {holder} during its move "
                     f"{moving[(g, i)]}")
                 continue
-            owner = ctrl.map.owner(g, i)
+            owner = owners[g][i]
             assert holder == owner, (
                 f"partition {i} of '{d.name}' is held by {holder}, map says {owner}")
-            w = states[owner]
-            assert w.map is not None and w.map.version(g, i) == ctrl.map.version(g, i), (
+            assert worker_versions[owner][g][i] == versions[g][i], (
                 f"worker {owner} holds partition {i} of '{d.name}' at another map version")
 
 

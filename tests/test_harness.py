@@ -179,6 +179,14 @@ def test_cluster_invariant_catches_a_partition_held_twice() -> None:
     states[1].parts[(x.id, 0)] = Partition(x.id, 0)  # x[0] belongs to worker 0
     with pytest.raises(AssertionError, match=r"held by workers 0 and 1"):
         validate_cluster(ctrl, states)
+    del states[0].parts[(x.id, 0)]  # now only worker 1 holds it, and the map names worker 0
+    with pytest.raises(AssertionError, match=r"partition 0 of 'x' is held by 1, map says 0"):
+        validate_cluster(ctrl, states)
+    states[0].parts[(x.id, 0)] = states[1].parts.pop((x.id, 0))
+    validate_cluster(ctrl, states)
+    ctrl.map.versions[p.group_of(x)][0] += 1  # the owner's map is behind the controller's
+    with pytest.raises(AssertionError, match=r"worker 0 holds partition 0 of 'x' at another "):
+        validate_cluster(ctrl, states)
 
 
 def test_a_loader_returning_one_array_for_two_partitions_is_a_clear_error() -> None:
