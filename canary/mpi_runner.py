@@ -22,8 +22,8 @@ from canary.env import (
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.local_runner import run_local
-from canary.mpich_shm import release_own_segments
 from canary.program import Program
+from canary.ranks import abort_job
 from canary.result import JobResult
 from canary.snapshot import Manifest, SnapshotConfig, check_resumable, read_manifest
 from canary.trace import Tracer, gather_and_write, trace_level, trace_path
@@ -86,7 +86,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     except ValueError as exc:  # the same mistake on every rank: rank 0 alone says so
         if rank == 0:
             print(f"canary: error: {exc}", file=sys.stderr, flush=True)
-        _abort(given, linger=1.0 if rank == 0 else 30.0)
+        abort_job(given, 1, linger=1.0 if rank == 0 else 30.0)
     resume_from = resume_snapshot(program)  # every rank alike: an error ends each the same way
     comm = given
     try:
@@ -124,14 +124,12 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         # later. A worker told to abort waits for that, and only ends the job itself if rank 0
         # has not within 15 s: under a loaded test suite, rank 0's abort once in a few hundred
         # jobs did not end the job, which then waited for its workers' fallback.
-        _abort(comm, linger=1.0 if rank == 0 else 15.0)
+        abort_job(comm, 1, linger=1.0 if rank == 0 else 15.0)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
         print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
-        _abort(comm, linger=1.0)
+        abort_job(comm, 1, linger=1.0)
     return None  # pragma: no cover - Abort does not return
-
-
 
 
 def checkpoint_config(environ: Mapping[str, str]) -> SnapshotConfig | None:
@@ -223,17 +221,3 @@ def _join(comm: Any, timeout: float) -> None:
             raise JobAborted(reason)
         else:
             backoff.sleep()
-
-
-def _abort(comm: Any, linger: float) -> None:
-    """MPI_Abort the job after ``linger`` seconds.
-
-    Why wait: MPI_Abort makes the launcher kill every process at once, and output that a rank
-    has written but the launcher has not yet forwarded is lost, so the reason just printed
-    could vanish (seen: exit code 1 with empty stderr under load).
-    """
-    release_own_segments()  # before the wait: the job may end this rank first
-    sys.stderr.flush()
-    sys.stdout.flush()
-    time.sleep(linger)
-    comm.Abort(1)

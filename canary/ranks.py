@@ -206,6 +206,21 @@ def active_mpi() -> Any:
     return mpi
 
 
+def abort_job(comm: Any, code: int, linger: float) -> None:
+    """MPI_Abort the job with ``code`` after ``linger`` seconds, this rank's MPICH shared
+    memory released first (:mod:`canary.mpich_shm`).
+
+    Why wait: MPI_Abort makes the launcher kill every process at once, and output that a rank
+    has written but the launcher has not yet forwarded is lost, so the reason just printed
+    could vanish (seen: exit code 1 with empty stderr under load).
+    """
+    release_own_segments()  # before the wait: the job may end this rank first
+    sys.stderr.flush()
+    sys.stdout.flush()
+    time.sleep(linger)
+    comm.Abort(code)
+
+
 def _abort_at_exit(status: int | BaseException) -> None:
     """Have mpi4py abort the MPI job with ``status`` once this rank's driver has unwound."""
     from mpi4py import run as mpi4py_run

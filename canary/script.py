@@ -9,8 +9,7 @@ from types import FrameType
 from typing import NoReturn
 
 from canary.errors import CanaryError, JobAborted, TaskError
-from canary.mpich_shm import release_own_segments
-from canary.ranks import active_mpi, end_rank, leave
+from canary.ranks import abort_job, active_mpi, end_rank, leave
 
 
 def run_main(file: str, argv: list[str] | None = None) -> int:
@@ -98,14 +97,6 @@ def _end_job_on_failure(code: int) -> int:
     before it has said why, and MPI adds no abort messages.
     """
     mpi = active_mpi() if code != 0 else None
-    if mpi is not None and mpi.COMM_WORLD.Get_size() > 1:
-        if end_rank(code):
-            return code
-        import time
-
-        release_own_segments()
-        sys.stderr.flush()
-        sys.stdout.flush()
-        time.sleep(1.0)  # let the launcher forward what this rank printed
-        mpi.COMM_WORLD.Abort(code)
+    if mpi is not None and mpi.COMM_WORLD.Get_size() > 1 and not end_rank(code):
+        abort_job(mpi.COMM_WORLD, code, linger=1.0)
     return code
