@@ -121,12 +121,13 @@ class ScriptedPolicy:
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
         out: list[tuple[int, int, int, str]] = []
         waiting: list[tuple[float, int, int, int]] = []
+        taken: set[tuple[int, int]] = set()  # partitions with an earlier move, sent or waiting
         for at, g, i, dest in self.pending:
-            busy = ctrl.moving(g, i) or any(m[0] == g and m[1] == i for m in out)
-            if at > now or busy or any(w[1] == g and w[2] == i for w in waiting):
+            if at > now or (g, i) in taken or ctrl.moving(g, i):
                 waiting.append((at, g, i, dest))
             else:
                 out.append((g, i, dest, f"scripted for {at:g} s"))
+            taken.add((g, i))
         self.pending = waiting
         return out
 
