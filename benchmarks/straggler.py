@@ -2,7 +2,9 @@
 
 For logistic regression and k-means on ``--workers`` workers (default 2) with ``--ppw``
 partitions per worker (default 8), each scenario runs the app under ``canary run``'s balancing
-(on) and without it (off), interleaved:
+(on) and without it (off), interleaved. The inputs grow with the workers (the rows given below
+are for 2 workers; ``W`` workers get ``W / 2`` times as many), so each worker's share, and so
+the time of its tasks, stays the same at any count:
 
 * ``equal``: no worker slowed (balancing on): the reference, and the check that a balanced run
   moves nothing;
@@ -10,12 +12,16 @@ partitions per worker (default 8), each scenario runs the app under ``canary run
   (``CANARY_SLOWDOWN``, the engine spins for the difference);
 * ``competing``: a busy loop pinned to the last worker's core, every worker pinned to a core of
   its own (``os.sched_setaffinity``) and the controller to the first worker's, so the last
-  worker gets about half of its core.
+  worker gets about half of its core. Its reference is ``equal_pinned``, a run pinned the same
+  way without the busy loop (balancing on), so that the ideal comes from the same placement:
+  on a 16-core virtual machine the pinned runs of 8 workers ran slower all through than the
+  unpinned equal run, beyond what the one competed worker explains (once it held nothing,
+  4.6 ms an iteration at the 10th percentile against 2.4 ms).
 
 Each run's iterations are timed from the workers' own records of the loop test
 (``CANARY_TRACE_LEVEL=loop``) and each move from its trace span. The **ideal** iteration time
-is the work divided over the workers in proportion to their speed: with the equal run's time
-``t`` and the off run's ``t_off`` (the slow worker's ``ppw`` partitions bound it, so it is
+is the work divided over the workers in proportion to their speed: with the equal (or
+equal_pinned) run's time ``t`` and the off run's ``t_off`` (the slow worker's ``ppw`` partitions bound it, so it is
 ``f = t_off / t`` times slower), ``ideal = W t / (W - 1 + 1 / f)`` for ``W`` workers. Balancing
 has **settled** at the first iteration after which the median of every window of 25 iterations
 stays within 1.15x of the ideal; ``steady_ms`` is the median of the run's last 40%.
@@ -109,6 +115,15 @@ def busy_loop(core: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
+def per_worker(data: list[str], workers: int) -> list[str]:
+    """``data``'s ``--generate ROWS,...`` with ROWS (given for 2 workers) scaled to ``workers``."""
+    out = list(data)
+    k = out.index("--generate") + 1
+    rows, rest = out[k].split(",", 1)
+    out[k] = f"{int(rows) * workers // 2},{rest}"
+    return out
+
+
 def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
         env_extra: dict[str, str], pinned: bool, timeout: int) -> dict[str, Any]:
     """One run of ``app`` under ``canary run``: its iteration end times and moves."""
@@ -136,6 +151,7 @@ def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
     times = [(b - a) / 1e3 for a, b in zip(ends, ends[1:])]  # ms
     return {"iteration_ms": times, "at_s": [(e - t0) / 1e6 for e in ends[1:]], "moves_s": moves,
             "migrations": summary["migrations"], "bytes_migrated": summary["bytes_migrated"],
+            "controller_cpu_percent": summary.get("controller_cpu_percent"),
             "moves_said": [line for line in proc.stderr.splitlines()
                            if line.startswith("canary: moved partition")]}
 
@@ -202,18 +218,28 @@ def main(argv: list[str] | None = None) -> int:
     slow = W - 1
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"summary": "straggler", "workers": W, "ppw": args.ppw,
-                               "factor": args.factor, "target": TARGET}
+                               "factor": args.factor, "target": TARGET,
+                               "cpus": len(os.sched_getaffinity(0))}
     for app in [a for a in args.apps.split(",") if a]:
         data, iters, qdata, qiters = APPS[app]
         if args.quick:
             data, iters = qdata, qiters
-        argv_app = [*data, "--partitions", str(W * args.ppw)]
+        argv_app = [*per_worker(data, W), "--partitions", str(W * args.ppw)]
         ref = run(app, argv_app, iters, W, True, {}, False, args.timeout)
         t_eq = steady(ref["iteration_ms"])
         rows.append(emit({"app": app, "scenario": "equal", "balance": True, "steady_ms": t_eq,
                           "migrations": ref["migrations"]}, ref))
         summary.setdefault("balanced_run_moves", {})[app] = ref["migrations"]
-        for scenario in [x for x in args.scenarios.split(",") if x]:
+        scenarios = [x for x in args.scenarios.split(",") if x]
+        t_pinned = t_eq
+        if "competing" in scenarios:
+            pinned = run(app, argv_app, iters, W, True, {}, True, args.timeout)
+            t_pinned = steady(pinned["iteration_ms"])
+            rows.append(emit({"app": app, "scenario": "equal_pinned", "balance": True,
+                              "steady_ms": t_pinned, "migrations": pinned["migrations"]},
+                             pinned))
+            summary["balanced_run_moves"][f"{app}/pinned"] = pinned["migrations"]
+        for scenario in scenarios:
             env = {"CANARY_SLOWDOWN": f"{slow}:{args.factor:g}"} if scenario == "slowdown" else {}
             got: dict[bool, dict[str, Any]] = {}
             for balance in (False, True):
@@ -227,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                         hog.kill()
                         hog.wait()
             t_off = steady(got[False]["iteration_ms"])
-            f = max(t_off / t_eq, 1.0)
-            ideal = ideal_ms(W, t_eq, f)
+            t_ref = t_pinned if scenario == "competing" else t_eq
+            f = max(t_off / t_ref, 1.0)
+            ideal = ideal_ms(W, t_ref, f)
             for balance, r in got.items():
                 settle = settled_at(r["iteration_ms"], r["at_s"], ideal) if balance else None
                 row = {"app": app, "scenario": scenario, "balance": balance,
@@ -250,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         data, iters = (APPS[app][2], APPS[app][3]) if args.quick else (MICRO_DATA, MICRO_ITERS)
         env = {"CANARY_SLOWDOWN": f"{slow}:{args.micro_factor:g}"}
         for ppw in PPWS:
-            argv_app = [*data, "--partitions", str(W * ppw)]
+            argv_app = [*per_worker(data, W), "--partitions", str(W * ppw)]
             eq = run(app, argv_app, iters, W, True, {}, False, args.timeout)
             r = run(app, argv_app, iters, W, True, env, False, args.timeout)
             t_eq, t_on = steady(eq["iteration_ms"]), steady(r["iteration_ms"])
@@ -339,6 +366,7 @@ def emit(row: dict[str, Any], run_: dict[str, Any]) -> dict[str, Any]:
     row = {**row, "steady_ms": round(row["steady_ms"], 4), "iterations": len(run_["iteration_ms"]),
            "series_ms": [round(t, 4) for t in run_["iteration_ms"]],
            "series_at_s": [round(t, 4) for t in run_["at_s"]], "moves_s": run_["moves_s"],
+           "controller_cpu_percent": run_["controller_cpu_percent"],
            "moves_said": run_["moves_said"]}
     print(json.dumps(row), flush=True)
     return row

@@ -417,18 +417,26 @@ def test_apps_names_a_peer_whose_answer_is_wrong(monkeypatch: pytest.MonkeyPatch
 
 
 def test_straggler_quick_prints_each_run_and_a_summary() -> None:
+    from benchmarks.straggler import ideal_ms
+
     rows = run_bench("straggler.py", "--quick", "--apps", "logistic_regression",
-                     "--scenarios", "slowdown")
+                     "--scenarios", "competing")
     runs = rows[:-1]
     assert [(r["scenario"], r["balance"]) for r in runs] == [
-        ("equal", True), ("slowdown", False), ("slowdown", True)]
+        ("equal", True), ("equal_pinned", True), ("competing", False), ("competing", True)]
     for r in runs:
         assert r["iterations"] == len(r["series_ms"]) == len(r["series_at_s"]) > 0
         assert r["steady_ms"] > 0
+        assert r["controller_cpu_percent"] >= 0
+    # the competed runs are measured against the run pinned the same way
+    pinned, off = runs[1]["steady_ms"], runs[2]["steady_ms"]
+    assert runs[3]["ideal_ms"] == pytest.approx(ideal_ms(2, pinned, max(off / pinned, 1.0)),
+                                                abs=1e-3)
     summary = rows[-1]
     assert summary["summary"] == "straggler"
-    assert summary["balanced_run_moves"] == {"logistic_regression": runs[0]["migrations"]}
-    assert set(summary["over_ideal"]) == {"logistic_regression/slowdown"}
+    assert summary["balanced_run_moves"] == {"logistic_regression": runs[0]["migrations"],
+                                             "logistic_regression/pinned": runs[1]["migrations"]}
+    assert set(summary["over_ideal"]) == {"logistic_regression/competing"}
 
 
 def test_straggler_virtual_prints_a_row_per_worker_count() -> None:
