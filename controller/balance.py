@@ -20,7 +20,11 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    proportion to their tasks' seconds (a worker sharing its core with another job spends much
    of it waiting for the CPU between tasks); a partition's **cost** is its share as a fraction
    of the interval, smoothed over reports (``smoothing``). A worker's **load** is the sum of
-   its partitions' costs: the fraction of its time it is not idle.
+   its partitions' costs, over the groups with at least one partition per worker
+   (:meth:`BalancePolicy.spread_groups`): the fraction of its time it works on what can be
+   shared out. A group with fewer (a model's weights) is a serial step the others wait for
+   wherever it runs; moving shared work off its holder only lengthens another worker's share,
+   so it neither counts nor moves.
 2. Workers step through the program together (signals, scatter-gathers), so each worker's load
    is its share of the work at the pace of the slowest. Partitions of one group do alike work,
    so the ratio of the time a group's tasks take on two workers is the ratio of their
@@ -54,6 +58,13 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    move for ``quiet_rounds`` (20) rounds of reports, twice that after a second undo, and so on.
    A snapshot started in between (``ctrl.snapshots_started`` changed: the workers stood still
    to write it) voids the check.
+7. A worker that loses more than ``drain_wait`` (25%) of its active time waiting for a CPU
+   between tasks, after a round of moves already cut its share, is emptied when the others can
+   take the rest at a predicted load of at most ``1 - min_gain``: every iteration waits for
+   such a worker whatever it holds (see :meth:`BalancePolicy._drain`). Once per worker; it
+   takes no partition after, unless the pace check undoes the emptying. When the round that
+   cut such a worker's share is undone, the quiet rounds are skipped (once per worker): the
+   emptying is the remedy left.
 """
 
 from __future__ import annotations
@@ -163,7 +174,8 @@ class BalancePolicy:
                  patience: int = 3, min_gain: float = 0.02, smoothing: float = 0.5,
                  horizon_s: float = 10.0, bandwidth: float = 1e9, latency_s: float = 1e-3,
                  max_moves: int = 8, settle: int = 2, undo_margin: float = 0.05,
-                 quiet_rounds: int = 20, wait_margin: float = 0.10) -> None:
+                 quiet_rounds: int = 20, wait_margin: float = 0.10,
+                 drain_wait: float = 0.25) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         self.n_workers = n_workers
@@ -180,6 +192,11 @@ class BalancePolicy:
         self.undo_margin = undo_margin
         self.quiet_rounds = quiet_rounds
         self.wait_margin = wait_margin
+        self.drain_wait = drain_wait
+        self.drained: set[int] = set()  # workers emptied for their waits for a CPU
+        self._drain_tried: set[int] = set()  # ... once each: an undone drain is not retried
+        self._relieved: set[int] = set()  # workers a round of moves has taken partitions off
+        self._hurried: set[int] = set()  # ... whose undone round skipped the quiet rounds
         self.parts: dict[tuple[int, int], _Partition] = {}
         self.workers = [_Worker() for _ in range(n_workers)]
         self._over = 0  # consecutive decisions that found the load uneven
@@ -188,6 +205,7 @@ class BalancePolicy:
         # the last round of moves ((group, index, from, to)), the pace before it and how many
         # snapshots had started then, until judged
         self._trial: tuple[list[tuple[int, int, int, int]], float, int] | None = None
+        self._trial_drain: int | None = None  # the worker the last round emptied, if it did
         self._undos = 0
         self.decisions: list[str] = []  # why each move was made, for the progress line
 
@@ -234,9 +252,20 @@ class BalancePolicy:
         w.partitions = held
 
     # ------------------------------------------------------------------ estimates
-    def loads(self) -> list[float]:
-        """Each worker's load: the summed cost of the partitions it reported."""
-        return [sum(self.parts[k].cost for k in w.partitions) for w in self.workers]
+    def spread_groups(self) -> set[int]:
+        """The groups with at least one partition per worker: the work that can be shared out.
+        A group with fewer (a model's weights: one partition) is work the others wait for
+        wherever it runs, so it neither counts in the loads nor moves."""
+        counts: dict[int, int] = {}
+        for g, _ in self.parts:
+            counts[g] = counts.get(g, 0) + 1
+        return {g for g, n in counts.items() if n >= self.n_workers}
+
+    def loads(self, groups: set[int] | None = None) -> list[float]:
+        """Each worker's load: the summed cost of the partitions it reported (of ``groups``
+        only, where given)."""
+        return [sum(self.parts[k].cost for k in w.partitions if groups is None or k[0] in groups)
+                for w in self.workers]
 
     def speeds(self) -> list[float]:
         """Relative speeds (1 = the median worker) from the groups workers share, by how long
@@ -285,25 +314,74 @@ class BalancePolicy:
                 return []
             return self._judge(ctrl)
         del self._paces[:-self.patience]
+        spread = self.spread_groups()
         speeds = self.speeds()
-        loads = self.loads()
-        work = {k: p.cost * speeds[p.holder] for k, p in self.parts.items() if p.holder >= 0}
-        ideal = sum(work.values()) / sum(speeds)
-        if ideal <= 0 or max(loads) <= (1 + self.threshold) * ideal:
+        loads = self.loads(spread)
+        work = {k: p.cost * speeds[p.holder] for k, p in self.parts.items()
+                if p.holder >= 0 and k[0] in spread}
+        capacity = sum(s for w, s in enumerate(speeds) if w not in self.drained)
+        ideal = sum(work.values()) / capacity
+        drain = self._drain(loads, speeds, work, ctrl)
+        if ideal <= 0 or (not drain and max(loads) <= (1 + self.threshold) * ideal):
             self._over = 0
             return []
         self._over += 1
         if self._over < self.patience:
             return []
-        moves = self._plan(loads, speeds, work, ideal, ctrl)
+        moves = drain or self._plan(loads, speeds, work, ideal, ctrl)
         if moves:
             self._over = 0
             self._wait_rounds = self.settle
             before = statistics.fmean(self._paces[-self.patience:])
             self._trial = ([(g, i, self.parts[(g, i)].holder, dst) for g, i, dst, _ in moves],
                            before, getattr(ctrl, "snapshots_started", 0))
+            self._trial_drain = self.parts[moves[0][:2]].holder if drain else None
+            if drain:
+                self.drained.add(self.parts[moves[0][:2]].holder)
+                self._drain_tried |= self.drained
+            else:
+                self._relieved |= {self.parts[(g, i)].holder for g, i, _, _ in moves}
             self._paces = []
         return moves
+
+    def _drain(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
+               ctrl: Any) -> list[tuple[int, int, int, str]]:
+        """All the shared-out partitions of the worker that loses the most of its active time
+        waiting for a CPU, above ``drain_wait``, once an earlier round of moves has taken part
+        of its share, if the other workers can take the rest (their predicted load at most
+        ``1 - min_gain``: the job would run faster on them alone than it runs now); else none.
+        Such a worker (another process on its core, and tasks far shorter than the scheduler's
+        time slice) answers every message late whatever it holds, so the others still sit idle
+        after its share was cut: every iteration waits for it. A worker that is merely slow
+        leaves the others busy once its share is cut, and no drain fits. A worker is emptied
+        once; the pace check undoes it like any other round of moves."""
+        cands = [w for w in self._relieved
+                 if w not in self._drain_tried and loads[w] > 0
+                 and self.workers[w].pace < 1 - self.drain_wait]
+        if not cands:
+            return []
+        src = min(cands, key=lambda w: (self.workers[w].pace, w))
+        others = [w for w in range(self.n_workers) if w != src and w not in self.drained
+                  and self.workers[w].pace >= self.workers[src].pace]
+        if not others:
+            return []
+        after = list(loads)
+        moves = []
+        for key in sorted((k for k in work if self.parts[k].holder == src),
+                          key=lambda k: (-work[k], k)):
+            if ctrl.moving(*key):
+                return []
+            dst = min(others, key=lambda w: (after[w] + work[key] / speeds[w], w))
+            after[dst] += work[key] / speeds[dst]
+            moves.append((key[0], key[1], dst))
+        top = max(after[w] for w in others)
+        if top > 1 - self.min_gain:
+            return []
+        lost = 1.0 - self.workers[src].pace
+        return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
+                            f"(another process on its core?), which every iteration waits for "
+                            f"whatever it holds: moving its partitions to the others "
+                            f"(predicted {top:.0%} of their time)") for g, i, dst in moves]
 
     def _judge(self, ctrl: Any) -> list[tuple[int, int, int, str]]:
         """The last round of moves, ``patience`` fresh rounds after it settled: the moves back
@@ -312,12 +390,15 @@ class BalancePolicy:
         assert self._trial is not None
         moved, before, snapshots = self._trial
         after = statistics.fmean(self._paces)
+        drained, self._trial_drain = self._trial_drain, None
         self._trial = None
         self._paces = []
         if getattr(ctrl, "snapshots_started", 0) != snapshots:
             return []
         if before <= 0 or after >= (1 - self.undo_margin) * before:
             return []
+        if drained is not None:
+            self.drained.discard(drained)
         back = []
         for g, i, src, dst in moved:
             if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
@@ -325,8 +406,17 @@ class BalancePolicy:
                 back.append((g, i, src, f"the last moves made the job {1 - after / before:.0%} "
                                         f"slower, not faster: moving partition {i} back to worker "
                                         f"{src}"))
-        self._undos += 1
-        self._wait_rounds = self.settle + self.quiet_rounds * 2 ** (self._undos - 1)
+        # Cutting the share of a worker that waits for its CPU did not pay: the remedy left is
+        # emptying it (see _drain), which need not wait out the quiet rounds, once per worker.
+        lagging = {src for _, _, src, _ in moved
+                   if self.workers[src].pace < 1 - self.drain_wait
+                   and src not in self._drain_tried | self._hurried}
+        if lagging:
+            self._hurried |= lagging
+            self._wait_rounds = self.settle
+        else:
+            self._undos += 1
+            self._wait_rounds = self.settle + self.quiet_rounds * 2 ** (self._undos - 1)
         self._over = 0
         return back
 
@@ -344,12 +434,12 @@ class BalancePolicy:
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
             top = loads[src]
             best: tuple[float, float, int, tuple[int, int], int] | None = None
-            for key in sorted(k for k, w in owner.items() if w == src):
+            for key in sorted(k for k, w in owner.items() if w == src and k in work):
                 p = self.parts[key]
                 if ctrl.moving(*key) or any(m[:2] == key for m in moves):
                     continue
                 for dst in range(self.n_workers):
-                    if (dst == src or dst == p.came_from
+                    if (dst == src or dst == p.came_from or dst in self.drained
                             or paces[dst] < paces[src] - self.wait_margin):
                         continue
                     after = list(loads)

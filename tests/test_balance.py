@@ -278,24 +278,70 @@ def test_a_worker_losing_its_cpu_between_tasks_is_found_from_its_cpu_wait(lost: 
 
 
 def test_no_partition_moves_onto_a_worker_that_waits_for_its_cpu() -> None:
-    # The two partitions moved off the competed worker overshoot a little, and the cheapest way
-    # to even that out on paper is worker 0's one-partition group (a model's weights): on a
-    # worker that gets its core late, every iteration would wait for it.
+    # Worker 0 is 4x slower; worker 2 shares its core with another process. On paper worker 2
+    # can take some of worker 0's share, but it answers every message late whatever it holds.
+    job = CompetedJob(2, 0.3, True, speeds=[0.25, 1.0, 1.0], parts=uniform(3, 8))
+    policy = BalancePolicy(3)
+    for r in range(80):
+        job.round(policy, r * 0.5)
+    assert job.moves and all(src_dest == 1 for _, _, src_dest in job.moves)
+    # the same job with the rule off moves partitions onto worker 2
+    job = CompetedJob(2, 0.3, True, speeds=[0.25, 1.0, 1.0], parts=uniform(3, 8))
+    policy = BalancePolicy(3, wait_margin=1.0)
+    for r in range(80):
+        job.round(policy, r * 0.5)
+    assert any(dest == 2 for _, _, dest in job.moves)
+
+
+def test_a_group_with_fewer_partitions_than_workers_never_moves() -> None:
+    # A model's weights (one partition) are work the others wait for wherever it runs; moving
+    # it, or moving shared work off its holder, only lengthens another worker's share.
     parts = uniform(2, 8)
     parts[(1, 0)] = 0.2
-    job = CompetedJob(1, 0.5, True, speeds=[1.0, 1.0], parts=parts)
-    policy = BalancePolicy(2)
-    for r in range(60):
-        job.round(policy, r * 0.5)
-    assert job.moves and all(dest == 0 for _, _, dest in job.moves)
-    assert job.ctrl.owners[(1, 0)] == 0
-    assert max(job.loads()) <= 1.15 * sum(parts.values()) / 1.5
-    # the same job with the rule off makes that move
     job = CompetedJob(1, 0.5, True, speeds=[1.0, 1.0], parts=parts)
     policy = BalancePolicy(2, wait_margin=1.0)
     for r in range(60):
         job.round(policy, r * 0.5)
-    assert (1, 0, 1) in job.moves
+    assert job.moves and all(g == 0 for g, _, _ in job.moves)
+
+
+class SerialJob(Job):
+    """Equal workers stepping through a program whose shared-out partitions run in parallel,
+    then a serial step (``serial`` seconds, a model's update on its one partition) that every
+    worker waits for: its holder is busier than the others, and no move can change that."""
+
+    def __init__(self, serial: float, holder: int, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.work[(9, 0)] = serial
+        self.ctrl.owners[(9, 0)] = holder
+
+    def loads(self) -> list[float]:
+        out = [0.0] * len(self.speeds)
+        for k, w in self.ctrl.owners.items():
+            if k[0] != 9:
+                out[w] += self.work[k] / self.speeds[w]
+        return out
+
+    def round(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
+        holder = self.ctrl.owners[(9, 0)]
+        period = max(self.loads()) + self.work[(9, 0)] / self.speeds[holder]
+        self.seq += 10
+        for w in range(len(self.speeds)):
+            busy = [(k[0], k[1], self.work[k] / self.speeds[w], self.nbytes)
+                    for k, owner in sorted(self.ctrl.owners.items()) if owner == w]
+            idle = period - sum(b[2] for b in busy)
+            policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, False), now)
+        return self.decide(policy, now)
+
+
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_a_serial_step_on_one_worker_moves_nothing(workers: int) -> None:
+    # Seen on 4 and 8 real workers: the worker holding the model was "busier (97% of its time
+    # against an even 85%)", a partition moved off it, and the job got 6-10% slower.
+    job = SerialJob(0.15 * 8, 0, speeds=[1.0] * workers, parts=uniform(workers, 8))
+    policy = BalancePolicy(workers)
+    for r in range(300):
+        assert job.round(policy, r * 0.5) == []
 
 
 def test_without_cpu_times_the_lost_time_looks_idle_and_nothing_moves() -> None:
@@ -386,3 +432,33 @@ def test_a_snapshot_between_the_moves_and_their_check_voids_the_check() -> None:
     assert first[2] == 0 and (first[0], first[1], 1) not in job.moves  # that round stays
     # the rounds after it, with no snapshot in between, are judged (and undone) as before
     assert any(dest == 1 for _, _, dest in job.moves[1:])
+
+
+@pytest.mark.parametrize("workers", [4, 8])
+def test_a_worker_every_iteration_waits_for_is_emptied_when_the_others_can_take_its_share(
+        workers: int) -> None:
+    # Seen on 4 real workers with a busy process on one's core: three partitions moved off it
+    # and every iteration still waited for it (1.8x the ideal). The first round of moves does
+    # not pay and is undone; then the others, idle most of the time, take its whole share.
+    job = LaggingJob(12.0, speeds=[1.0] * workers, parts=uniform(workers, 8))
+    policy = BalancePolicy(workers)
+    said = []
+    for r in range(200):
+        moves = job.round(policy, r * 0.5)
+        said += [why for *_, why in moves]
+        if r >= 140:
+            assert moves == []  # emptied once, and left so
+    assert policy.drained == {1}
+    assert all(w != 1 for w in job.ctrl.owners.values())
+    assert job.period() <= -(-8 * workers // (workers - 1))  # the others' best split
+    assert any("which every iteration waits for whatever it holds" in why for why in said)
+
+
+def test_a_worker_is_not_emptied_when_the_others_cannot_take_its_share() -> None:
+    # two workers: the other alone would take longer than the lagging one's waits cost
+    job = LaggingJob(4.0, speeds=[1.0, 1.0], parts=uniform(2, 8))
+    policy = BalancePolicy(2)
+    for r in range(200):
+        job.round(policy, r * 0.5)
+    assert policy.drained == set()
+    assert sum(w == 1 for w in job.ctrl.owners.values()) == 8
