@@ -12,6 +12,11 @@ every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
   the move's arrival to the values' departure) and on its destination (``migrate in``: from
   the offer to the partition's installation; ``args.recycled``: the bytes that arrived meanwhile
   in pages kept from earlier arrays, see ``canary.mpi_transport.Recycler``), at either level;
+* each load report the controller receives (``cat: "load"``), at either level: a counter track
+  per worker on the controller (``worker 1 load``: the fraction of the report's interval the
+  worker was busy, and the fraction it waited for a CPU) and the report itself as an instant
+  event, which :func:`load_reports` reads back, so that a run's reports can be replayed through
+  a move policy offline;
 * each message as a short slice on the sender's and the receiver's track (``send Piece`` /
   ``recv Piece``) joined by a flow arrow (``ph: "s"``/``"f"``, id = the message's ``eid``, which
   is unique per job).
@@ -98,6 +103,24 @@ class Tracer:
                             "tid": 0, "ts": start * 1e6, "dur": max((end - start) * 1e6, 0.01),
                             "args": args})
 
+    def load_report(self, rep: Any, t: float | None = None) -> None:
+        """A :class:`canary.messages.LoadReport` the controller received, at either level (see
+        the module doc; about two a second per worker)."""
+        ts = (self.clock() if t is None else t) * 1e6
+        interval = max(rep.interval, 1e-9)
+        self.events.append({
+            "ph": "C", "name": f"worker {rep.worker} load", "cat": "load", "pid": self.rank,
+            "tid": 0, "ts": ts,
+            "args": {"busy": round(min(max(1.0 - rep.idle / interval, 0.0), 1.0), 4),
+                     "waiting for a CPU": round(min(rep.cpu_wait / interval, 1.0), 4)}})
+        self.events.append({
+            "ph": "i", "s": "p", "name": "LoadReport", "cat": "load", "pid": self.rank,
+            "tid": 0, "ts": ts,
+            "args": {"eid": rep.eid, "worker": rep.worker, "interval": rep.interval,
+                     "busy": [list(row) for row in rep.busy], "idle": rep.idle,
+                     "tasks": rep.tasks, "seq": rep.seq, "done": rep.done, "cpu": rep.cpu,
+                     "cpu_wait": rep.cpu_wait}})
+
     def send(self, dest: int, msg: Any, t: float | None = None) -> None:
         """Message ``msg`` sent to rank ``dest`` (a flow starts)."""
         self._message("send", dest, msg, "s", self.clock() if t is None else t)
@@ -162,6 +185,23 @@ def load_events(path: str) -> list[dict[str, Any]]:
     """The ``traceEvents`` of a trace file written by :func:`write_trace`."""
     with open(path) as f:
         return list(json.load(f)["traceEvents"])
+
+
+def load_reports(events: list[dict[str, Any]]) -> list[tuple[float, Any]]:
+    """The load reports a traced job's controller received, in the order it received them:
+    ``(seconds into the trace, LoadReport)`` pairs, equal to the reports sent."""
+    from canary.messages import LoadReport
+
+    out = []
+    for e in events:
+        if e.get("ph") == "i" and e.get("cat") == "load" and e.get("name") == "LoadReport":
+            a = e["args"]
+            rep = LoadReport(a["eid"], a["worker"], a["interval"],
+                             tuple((g, i, sec, nb) for g, i, sec, nb in a["busy"]), a["idle"],
+                             a["tasks"], a["seq"], a["done"], a["cpu"], a["cpu_wait"])
+            out.append((e["ts"] / 1e6, rep))
+    out.sort(key=lambda pair: pair[0])
+    return out
 
 
 def iteration_seconds(events: list[dict[str, Any]], prefix: str = "while_") -> list[float]:

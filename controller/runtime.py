@@ -75,9 +75,11 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
             backoff.sleep()
             continue
         msg = got[1]
-        if tracer is not None and type(msg) is not Tick:
-            tracer.recv(got[0], msg)
         kind = type(msg)
+        if tracer is not None and kind is not Tick:
+            tracer.recv(got[0], msg)
+            if kind is LoadReport:
+                tracer.load_report(msg)
         if kind is ReportPart:
             msg.seconds = time.perf_counter() - t0
         # Reports, load reports and its own ticks are not latency-critical: the controller

@@ -446,3 +446,11 @@ def test_a_trace_shows_each_move_on_both_workers(cancer: Path, tmp_path: Path) -
     assert moved > 0 and len(outs) == len(ins) == moved
     assert {e["pid"] for e in spans} <= {1, 2}
     assert sorted(e["args"]["move"] for e in outs) == sorted(e["args"]["move"] for e in ins)
+    # the load reports the controller received, beside the moves: every worker's, in order
+    from canary.trace import load_events, load_reports
+
+    reports = load_reports(load_events(str(trace)))
+    assert {rep.worker for _, rep in reports} == {0, 1}
+    for w in (0, 1):
+        seqs = [rep.seq for _, rep in reports if rep.worker == w]
+        assert seqs == sorted(seqs) and all(rep.interval > 0 for _, rep in reports)

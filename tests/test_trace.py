@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from canary.messages import Piece, PieceBatch
-from canary.trace import Tracer, chrome_trace, iteration_seconds, trace_path
+from canary.messages import LoadReport, Piece, PieceBatch
+from canary.trace import Tracer, chrome_trace, iteration_seconds, load_reports, trace_path
 from tests.conftest import mpirun
 
 
@@ -41,6 +41,21 @@ def test_a_batch_of_pieces_is_traced_with_its_stage_instance() -> None:
     tr.send(2, PieceBatch(80, pieces), 1.0)
     (ev,) = [e for e in tr.events if e["ph"] == "X"]
     assert ev["name"] == "send PieceBatch" and ev["args"] == {"peer": 2, "seq": 9}
+
+
+def test_load_reports_are_read_back_as_they_were_received() -> None:
+    tr = Tracer(0, "controller")
+    sent = [LoadReport(11, 1, 0.5, ((0, 3, 0.125, 4096), (2, 0, 0.01, 8)), 0.25, 40, 812, False,
+                       0.3, 0.05),
+            LoadReport(12, 0, 0.5, (), 0.5, 0, 812, True)]
+    tr.load_report(sent[0], 100.0)
+    tr.load_report(sent[1], 100.5)
+    ev = chrome_trace([tr.events])["traceEvents"]
+    assert load_reports(ev) == [(0.0, sent[0]), (0.5, sent[1])]
+    counters = [e for e in ev if e["ph"] == "C"]
+    assert [(e["name"], e["args"]) for e in counters] == [
+        ("worker 1 load", {"busy": 0.5, "waiting for a CPU": 0.1}),
+        ("worker 0 load", {"busy": 0.0, "waiting for a CPU": 0.0})]
 
 
 def test_iteration_seconds_from_signal_instances() -> None:
@@ -91,7 +106,8 @@ def test_loop_level_trace_records_the_loop_tests_only(tmp_path: Path) -> None:
                env_extra={"CANARY_TRACE_LEVEL": "loop"})
     assert r.returncode == 0, r.stderr
     ev = json.loads(out.read_text())["traceEvents"]
-    recorded = [e for e in ev if e["ph"] != "M"]
+    # (and any load report the controller received: two a second per worker, at either level)
+    recorded = [e for e in ev if e["ph"] != "M" and e.get("cat") != "load"]
     assert recorded and all(e.get("cat") == "task" and e["args"]["kind"] == "signal"
                             for e in recorded), {e["name"] for e in recorded}
     assert len(iteration_seconds(ev)) == 3  # 4 signal instances (max-iter stops the 5th)
