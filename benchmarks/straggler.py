@@ -46,6 +46,8 @@ row gives the balanced iteration against the best split and the ideal (``W ppw m
 
 Prints JSON lines (one per run, then a summary) and, with ``--plot DIR``, draws
 ``straggler.png`` (iteration time against time, moves marked) and ``micropartition_balance.png``.
+``--keep-traces DIR`` keeps each run's trace (``APP_SCENARIO[_on|_off]_wW.json``): its load
+reports can be replayed through a changed policy offline (``benchmarks/replay_balance.py``).
 
     python benchmarks/straggler.py --plot docs/img/performance          # ~5 min
     python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~4 min
@@ -59,6 +61,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -125,8 +128,10 @@ def per_worker(data: list[str], workers: int) -> list[str]:
 
 
 def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
-        env_extra: dict[str, str], pinned: bool, timeout: int) -> dict[str, Any]:
-    """One run of ``app`` under ``canary run``: its iteration end times and moves."""
+        env_extra: dict[str, str], pinned: bool, timeout: int,
+        keep: str | None = None) -> dict[str, Any]:
+    """One run of ``app`` under ``canary run``: its iteration end times and moves. With
+    ``keep`` (a file path), its trace (the loop tests and every load report) is kept there."""
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "trace.json")
         script = [str(ROOT / "apps" / f"{app}.py")]
@@ -143,6 +148,8 @@ def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
         if proc.returncode != 0:
             raise RuntimeError(f"{app} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         events = load_events(trace)
+        if keep:
+            shutil.copyfile(trace, keep)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     ends = loop_ends(events)
     t0 = ends[0] if ends else 0.0
@@ -205,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
     ap.add_argument("--plot", default=None, metavar="DIR", help="write the charts here")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--keep-traces", default=None, metavar="DIR",
+                    help="keep each run's trace here (its load reports can be replayed through "
+                         "the policy: benchmarks/replay_balance.py)")
     args = ap.parse_args(argv)
     try:
         virtual = [int(w) for w in args.virtual.split(",") if w]
@@ -216,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
                  "--ppw >= 1 and --virtual worker counts of 2 or more")
     W = args.workers
     slow = W - 1
+    if args.keep_traces:
+        os.makedirs(args.keep_traces, exist_ok=True)
+
+    def keep(name: str) -> str | None:
+        return os.path.join(args.keep_traces, f"{name}_w{W}.json") if args.keep_traces else None
+
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"summary": "straggler", "workers": W, "ppw": args.ppw,
                                "factor": args.factor, "target": TARGET,
@@ -225,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             data, iters = qdata, qiters
         argv_app = [*per_worker(data, W), "--partitions", str(W * args.ppw)]
-        ref = run(app, argv_app, iters, W, True, {}, False, args.timeout)
+        ref = run(app, argv_app, iters, W, True, {}, False, args.timeout,
+                  keep(f"{app}_equal"))
         t_eq = steady(ref["iteration_ms"])
         rows.append(emit({"app": app, "scenario": "equal", "balance": True, "steady_ms": t_eq,
                           "migrations": ref["migrations"]}, ref))
@@ -233,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = [x for x in args.scenarios.split(",") if x]
         t_pinned = t_eq
         if "competing" in scenarios:
-            pinned = run(app, argv_app, iters, W, True, {}, True, args.timeout)
+            pinned = run(app, argv_app, iters, W, True, {}, True, args.timeout,
+                         keep(f"{app}_equal_pinned"))
             t_pinned = steady(pinned["iteration_ms"])
             rows.append(emit({"app": app, "scenario": "equal_pinned", "balance": True,
                               "steady_ms": t_pinned, "migrations": pinned["migrations"]},
@@ -247,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                     if scenario == "competing" else None
                 try:
                     got[balance] = run(app, argv_app, iters, W, balance, env,
-                                       scenario == "competing", args.timeout)
+                                       scenario == "competing", args.timeout,
+                                       keep(f"{app}_{scenario}_{'on' if balance else 'off'}"))
                 finally:
                     if hog is not None:
                         hog.kill()
@@ -278,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         env = {"CANARY_SLOWDOWN": f"{slow}:{args.micro_factor:g}"}
         for ppw in PPWS:
             argv_app = [*per_worker(data, W), "--partitions", str(W * ppw)]
-            eq = run(app, argv_app, iters, W, True, {}, False, args.timeout)
-            r = run(app, argv_app, iters, W, True, env, False, args.timeout)
+            eq = run(app, argv_app, iters, W, True, {}, False, args.timeout,
+                     keep(f"{app}_micro_{ppw}_equal"))
+            r = run(app, argv_app, iters, W, True, env, False, args.timeout,
+                    keep(f"{app}_micro_{ppw}_slowed"))
             t_eq, t_on = steady(eq["iteration_ms"]), steady(r["iteration_ms"])
             best = t_eq * W * best_split(W, ppw, args.micro_factor)
             rows.append(emit({"app": app, "scenario": "micropartition", "balance": True,

@@ -416,11 +416,17 @@ def test_apps_names_a_peer_whose_answer_is_wrong(monkeypatch: pytest.MonkeyPatch
     assert "pyspark_mappartitions's answer differs from numpy's" in err
 
 
-def test_straggler_quick_prints_each_run_and_a_summary() -> None:
+def test_straggler_quick_prints_each_run_and_a_summary(tmp_path: Path) -> None:
     from benchmarks.straggler import ideal_ms
+    from canary.trace import iteration_seconds, load_events
 
     rows = run_bench("straggler.py", "--quick", "--apps", "logistic_regression",
-                     "--scenarios", "competing")
+                     "--scenarios", "competing", "--keep-traces", str(tmp_path))
+    kept = {p.name: p for p in tmp_path.iterdir()}
+    assert set(kept) == {f"logistic_regression_{n}_w2.json"
+                         for n in ("equal", "equal_pinned", "competing_off", "competing_on")}
+    assert len(iteration_seconds(load_events(str(kept["logistic_regression_equal_w2.json"])))) \
+        == rows[0]["iterations"]
     runs = rows[:-1]
     assert [(r["scenario"], r["balance"]) for r in runs] == [
         ("equal", True), ("equal_pinned", True), ("competing", False), ("competing", True)]
@@ -526,3 +532,62 @@ def test_ulfm_probe_reports_each_setting_and_whether_any_recovered() -> None:
     assert rows[-1]["ulfm_works"] == any(r["recovered"] for r in rows[:-1])
     # what docs/fault-tolerance.md says of the mpich wheel: no setting recovers
     assert rows[-1]["ulfm_works"] is False
+
+
+def _slow_worker_trace(path: Path, rounds: int) -> None:
+    """A trace holding the load reports of 2 workers, the second 3x slower, 8 partitions each,
+    one report each per 0.5 s round."""
+    from canary.messages import LoadReport
+    from canary.trace import Tracer, write_trace
+
+    tr = Tracer(0, "controller")
+    period = 8 * 3 * 0.01
+    for r in range(rounds):
+        for w, cost in ((0, 0.01), (1, 0.03)):
+            busy = tuple((0, 8 * w + k, cost, 1 << 20) for k in range(8))
+            tr.load_report(LoadReport(1 + 2 * r + w, w, period, busy, period - 8 * cost, 8,
+                                      10 * r, False), 100.0 + 0.5 * r + 0.01 * w)
+    write_trace(str(path), [tr.events])
+
+
+def test_replay_balance_makes_the_policys_moves_on_a_traced_runs_reports(tmp_path: Path) -> None:
+    from canary.controller.balance import BalancePolicy
+    from canary.trace import load_events, load_reports
+
+    trace = tmp_path / "t.json"
+    _slow_worker_trace(trace, 12)
+    rows = run_bench("replay_balance.py", str(trace))
+    summary = rows[-1]
+    assert (summary["reports"], summary["workers"]) == (24, 2)
+    first = rows[0]
+    # the same policy fed the same reports directly makes the same first round
+    policy = BalancePolicy(2)
+    direct: list = []
+    for t, rep in load_reports(load_events(str(trace))):
+        policy.report(rep, t)
+        direct = direct or [(g, i, d) for g, i, d, _ in policy.decide(t, _NoMovesCtrl())]
+    assert [(m["group"], m["index"], m["to"]) for m in first["moves"]] == direct
+    assert direct and all(d == 0 for _, _, d in direct)  # off the slow worker
+    assert summary["first_move_s"] == first["at_s"]
+    # a policy setting changes what it would do: more patience, a later first move
+    later = run_bench("replay_balance.py", str(trace), "--set", "patience=6")[-1]
+    assert later["first_move_s"] > summary["first_move_s"]
+
+
+class _NoMovesCtrl:
+    in_flight: dict = {}
+
+    def moving(self, group: int, index: int) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("bad", [["--set", "patience"], ["--set", "no_such=1"],
+                                 ["--set", "patience=soon"]])
+def test_replay_balance_rejects_a_bad_setting(tmp_path: Path, bad: list[str]) -> None:
+    trace = tmp_path / "t.json"
+    _slow_worker_trace(trace, 2)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "replay_balance.py"),
+                           str(trace), *bad], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--set" in proc.stderr
