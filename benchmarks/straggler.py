@@ -21,8 +21,9 @@ the time of its tasks, stays the same at any count:
 Each run's iterations are timed from the workers' own records of the loop test
 (``CANARY_TRACE_LEVEL=loop``) and each move from its trace span. The **ideal** iteration time
 is the work divided over the workers in proportion to their speed: with the equal (or
-equal_pinned) run's time ``t`` and the off run's ``t_off`` (the slow worker's ``ppw`` partitions bound it, so it is
-``f = t_off / t`` times slower), ``ideal = W t / (W - 1 + 1 / f)`` for ``W`` workers. Balancing
+equal_pinned) run's time ``t`` and the off run's ``t_off`` (the slow worker's ``ppw``
+partitions bound it, so it is ``f = t_off / t`` times slower), ``ideal = W t / (W - 1 + 1 /
+f)`` for ``W`` workers. Balancing
 has **settled** at the first iteration after which the median of every window of 25 iterations
 stays within 1.15x of the ideal; ``steady_ms`` is the median of the run's last 40%.
 
