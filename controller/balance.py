@@ -59,9 +59,10 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    A snapshot started in between (``ctrl.snapshots_started`` changed: the workers stood still
    to write it) voids the check.
 7. A worker that loses more than ``drain_wait`` (25%) of its active time waiting for a CPU
-   between tasks, after a round of moves already cut its share, is emptied when the others can
-   take the rest at a predicted load of at most ``1 - min_gain``: every iteration waits for
-   such a worker whatever it holds (see :meth:`BalancePolicy._drain`). Once per worker; it
+   between tasks, after a round of moves already cut its share, is emptied (its serial steps'
+   groups too) when the others can take the rest at a predicted load of at most
+   ``1 - min_gain``: every iteration waits for such a worker whatever it holds (see
+   :meth:`BalancePolicy._drain`). Once per worker; it
    takes no partition after, unless the pace check undoes the emptying. When the round that
    cut such a worker's share is undone, the quiet rounds are skipped (once per worker): the
    emptying is the remedy left.
@@ -346,7 +347,7 @@ class BalancePolicy:
 
     def _drain(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
                ctrl: Any) -> list[tuple[int, int, int, str]]:
-        """All the shared-out partitions of the worker that loses the most of its active time
+        """All the partitions of the worker that loses the most of its active time
         waiting for a CPU, above ``drain_wait``, once an earlier round of moves has taken part
         of its share, if the other workers can take the rest (their predicted load at most
         ``1 - min_gain``: the job would run faster on them alone than it runs now); else none.
@@ -374,6 +375,11 @@ class BalancePolicy:
             dst = min(others, key=lambda w: (after[w] + work[key] / speeds[w], w))
             after[dst] += work[key] / speeds[dst]
             moves.append((key[0], key[1], dst))
+        # its serial steps too (a model's weights): every iteration waits for those as well
+        for key in sorted(k for k, p in self.parts.items() if p.holder == src and k not in work):
+            if ctrl.moving(*key):
+                return []
+            moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
         top = max(after[w] for w in others)
         if top > 1 - self.min_gain:
             return []

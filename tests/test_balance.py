@@ -454,6 +454,21 @@ def test_a_worker_every_iteration_waits_for_is_emptied_when_the_others_can_take_
     assert any("which every iteration waits for whatever it holds" in why for why in said)
 
 
+def test_an_emptied_worker_gives_up_its_serial_steps_too() -> None:
+    # the lagging worker also holds a model's weights (one partition): every iteration waits
+    # for those as much as for its share of the data
+    parts = uniform(4, 8)
+    parts[(1, 0)] = 0.5
+    job = LaggingJob(12.0, speeds=[1.0] * 4, parts=parts)
+    job.ctrl.owners[(1, 0)] = 1
+    policy = BalancePolicy(4)
+    for r in range(200):
+        job.round(policy, r * 0.5)
+    assert policy.drained == {1}
+    assert all(w != 1 for w in job.ctrl.owners.values())
+    assert job.period() <= 11.0
+
+
 def test_a_worker_is_not_emptied_when_the_others_cannot_take_its_share() -> None:
     # two workers: the other alone would take longer than the lagging one's waits cost
     job = LaggingJob(4.0, speeds=[1.0, 1.0], parts=uniform(2, 8))
