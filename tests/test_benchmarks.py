@@ -460,6 +460,16 @@ def test_straggler_virtual_prints_a_row_per_worker_count() -> None:
     assert rows[-1]["virtual_over_ideal"] == {"3": row["over_ideal"]}
 
 
+def test_straggler_inputs_grow_with_the_workers() -> None:
+    from benchmarks.straggler import APPS, per_worker
+
+    data = APPS["kmeans"][0]
+    assert per_worker(data, 2) == data  # the rows given are for 2 workers
+    scaled = per_worker(data, 8)
+    k = data.index("--generate") + 1
+    assert scaled[k] == "1200000,20,8" and scaled[:k] + scaled[k + 1:] == data[:k] + data[k + 1:]
+
+
 @pytest.mark.parametrize("workers,factor", [(2, 2.0), (2, 3.0), (3, 3.0), (3, 1.5)])
 def test_straggler_best_split_is_the_best_of_every_placement(workers: int, factor: float) -> None:
     import itertools
