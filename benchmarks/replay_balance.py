@@ -34,7 +34,7 @@ from canary.controller.balance import BalancePolicy  # noqa: E402
 from canary.trace import load_events, load_reports  # noqa: E402
 
 
-class _NoMoves:
+class NoMoves:
     """What the policy reads of the controller, for a replay: nothing is ever moving."""
 
     in_flight: dict[int, Any] = {}
@@ -49,7 +49,7 @@ def replay(reports: list[tuple[float, Any]], n_workers: int,
     """The rounds of moves ``BalancePolicy(n_workers, **policy_args)`` makes on ``reports``
     (``(seconds, LoadReport)`` pairs in the order received), asked after each report."""
     policy = BalancePolicy(n_workers, **policy_args)  # type: ignore[arg-type]
-    ctrl = _NoMoves()
+    ctrl = NoMoves()
     rounds = []
     for t, rep in reports:
         policy.report(rep, t)

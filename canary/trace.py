@@ -23,8 +23,9 @@ every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
 
 With ``CANARY_TRACE_LEVEL=loop`` (the benchmarks' setting) only the loop tests are recorded
 besides the moves and load reports above: each signal task, whose instances end the iterations
-(:func:`iteration_seconds`), and no message. Every other task then runs on the untraced path (fused stretches may run compiled),
-so iteration times are those of an untraced run, not of one paying the tracer on every task.
+(:func:`iteration_seconds`), and no message. Every other task then runs on the untraced path
+(fused stretches may run compiled), so iteration times are those of an untraced run, not of
+one paying the tracer on every task.
 
 Timestamps are ``time.time()`` in microseconds, so the tracks of different ranks line up (on one
 host exactly; across hosts as well as their clocks agree). At the end of the job every rank sends

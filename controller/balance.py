@@ -62,10 +62,9 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    between tasks, after a round of moves already cut its share, is emptied (its serial steps'
    groups too) when the others can take the rest at a predicted load of at most
    ``1 - min_gain``: every iteration waits for such a worker whatever it holds (see
-   :meth:`BalancePolicy._drain`). Once per worker; it
-   takes no partition after, unless the pace check undoes the emptying. When the round that
-   cut such a worker's share is undone, the quiet rounds are skipped (once per worker): the
-   emptying is the remedy left.
+   :meth:`BalancePolicy._drain`). Once per worker; it takes no partition after, unless the
+   pace check undoes the emptying. When the round that cut such a worker's share is undone,
+   the quiet rounds are skipped (once per worker): the emptying is the remedy left.
 """
 
 from __future__ import annotations
@@ -262,10 +261,9 @@ class BalancePolicy:
             counts[g] = counts.get(g, 0) + 1
         return {g for g, n in counts.items() if n >= self.n_workers}
 
-    def loads(self, groups: set[int] | None = None) -> list[float]:
-        """Each worker's load: the summed cost of the partitions it reported (of ``groups``
-        only, where given)."""
-        return [sum(self.parts[k].cost for k in w.partitions if groups is None or k[0] in groups)
+    def loads(self, groups: set[int]) -> list[float]:
+        """Each worker's load: the summed cost of the partitions of ``groups`` it reported."""
+        return [sum(self.parts[k].cost for k in w.partitions if k[0] in groups)
                 for w in self.workers]
 
     def speeds(self) -> list[float]:
@@ -337,9 +335,9 @@ class BalancePolicy:
             self._trial = ([(g, i, self.parts[(g, i)].holder, dst) for g, i, dst, _ in moves],
                            before, getattr(ctrl, "snapshots_started", 0))
             self._trial_drain = self.parts[moves[0][:2]].holder if drain else None
-            if drain:
-                self.drained.add(self.parts[moves[0][:2]].holder)
-                self._drain_tried |= self.drained
+            if self._trial_drain is not None:
+                self.drained.add(self._trial_drain)
+                self._drain_tried.add(self._trial_drain)
             else:
                 self._relieved |= {self.parts[(g, i)].holder for g, i, _, _ in moves}
             self._paces = []

@@ -561,6 +561,7 @@ def _slow_worker_trace(path: Path, rounds: int) -> None:
 
 
 def test_replay_balance_makes_the_policys_moves_on_a_traced_runs_reports(tmp_path: Path) -> None:
+    from benchmarks.replay_balance import NoMoves
     from canary.controller.balance import BalancePolicy
     from canary.trace import load_events, load_reports
 
@@ -575,20 +576,13 @@ def test_replay_balance_makes_the_policys_moves_on_a_traced_runs_reports(tmp_pat
     direct: list = []
     for t, rep in load_reports(load_events(str(trace))):
         policy.report(rep, t)
-        direct = direct or [(g, i, d) for g, i, d, _ in policy.decide(t, _NoMovesCtrl())]
+        direct = direct or [(g, i, d) for g, i, d, _ in policy.decide(t, NoMoves())]
     assert [(m["group"], m["index"], m["to"]) for m in first["moves"]] == direct
     assert direct and all(d == 0 for _, _, d in direct)  # off the slow worker
     assert summary["first_move_s"] == first["at_s"]
     # a policy setting changes what it would do: more patience, a later first move
     later = run_bench("replay_balance.py", str(trace), "--set", "patience=6")[-1]
     assert later["first_move_s"] > summary["first_move_s"]
-
-
-class _NoMovesCtrl:
-    in_flight: dict = {}
-
-    def moving(self, group: int, index: int) -> bool:
-        return False
 
 
 @pytest.mark.parametrize("bad", [["--set", "patience"], ["--set", "no_such=1"],
