@@ -33,9 +33,11 @@ are small runs: read the figures as shapes, not as the pool's best.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,6 +79,13 @@ def pool(workers: int, policy: str = "fair", placement: str = "batch-late") -> I
                 client.stop(root, now=True, timeout=60)
 
 
+def scratch(prefix: str) -> Path:
+    """A new temporary folder for an experiment's files, removed when this process exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return Path(path)
+
+
 def job_args(iters: int, task_ms: float, parts: int = 0, **extra: str) -> list[str]:
     args = ["--iters", str(iters), "--task-ms", str(task_ms)]
     if parts:
@@ -110,7 +119,7 @@ def pct(values: list[float], q: float) -> float:
 
 # ---------------------------------------------------------------- experiments
 def correctness(quick: bool, workers: int) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="canary-sharing-"))
+    tmp = scratch("canary-sharing-")
     if quick:
         apps = {"sharing_job": (JOB, job_args(20, 0.1, 3) + ["--out"], ".npy")}
     else:
@@ -175,7 +184,7 @@ def priority(quick: bool, workers: int) -> None:
 
 
 def fair(quick: bool, workers: int, plot_dir: Path | None) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="canary-fair-"))
+    tmp = scratch("canary-fair-")
     task_ms = 2.0
     n_long = 150 if quick else 1500
     n_third = 40 if quick else 300
@@ -384,7 +393,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def overheads(quick: bool, workers: int) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="canary-over-"))
+    tmp = scratch("canary-over-")
     n = 8 if quick else 30
     marks = (10, 20) if quick else (50, 100, 200, 400)
     with pool(workers, "fair") as root:
