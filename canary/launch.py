@@ -349,8 +349,11 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     if on_purpose:
         first = on_purpose[0]
         status = end.aborts.get(first, rec.ends.get(first, 1)) or 1
-        lines = [f"canary: {name(r)} ended the job with MPI_Abort({code})"
-                 for r, code in end.aborts.items() if r not in end.wrote_stderr]
+        # the rank that aborted first and said why speaks for the ranks that followed it (the
+        # workers' fallback when hydra drops the controller's abort)
+        said = next(iter(end.aborts), None) in end.wrote_stderr
+        lines = [] if said else [f"canary: {name(r)} ended the job with MPI_Abort({code})"
+                                 for r, code in end.aborts.items() if r not in end.wrote_stderr]
         return status, lines  # the others have said why
     if not rec.starts:  # the ranks could not record (another host, or another MPI): trust mpiexec
         code = end.mpiexec_status

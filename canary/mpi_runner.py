@@ -120,11 +120,11 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         comm.Free()
         return result
     except JobAborted:
-        # Rank 0 printed the reason when it decided to abort and now ends every rank, a second
-        # later. A worker told to abort waits for that, and only ends the job itself if rank 0
-        # has not within 15 s: under a loaded test suite, rank 0's abort once in a few hundred
-        # jobs did not end the job, which then waited for its workers' fallback.
-        abort_job(comm, 1, linger=1.0 if rank == 0 else 15.0)
+        # Rank 0 printed the reason before it told the workers, and ends every rank a second
+        # later. A worker told to abort waits for that, and ends the job itself if rank 0 has
+        # not within 5 s: once in tens of jobs, rank 0's MPI_Abort prints hydra's line and rank
+        # 0 exits, yet hydra leaves the other ranks running.
+        abort_job(comm, 1, linger=1.0 if rank == 0 else 5.0)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
         print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)

@@ -88,6 +88,10 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
         if kind is not ReportPart and kind is not LoadReport and kind is not Tick:
             backoff.reset()
         instrs = state.handle(msg)
+        # Say why before the workers hear of it: told to abort, a worker ends the job itself if
+        # this rank's MPI_Abort does not (hydra once in tens of jobs loses it), and the reason
+        # must be on stderr by then.
+        said = _print_failure(instrs)
         while instrs:
             ins = instrs.pop(0)
             if isinstance(ins, Send):
@@ -118,12 +122,20 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                 tx.flush()
                 return result
             elif isinstance(ins, Fail):
-                # Say why before anything else: the workers, told to abort, must not be able to
-                # end the job before the reason is on stderr.
-                print(f"canary: job aborted: {ins.reason}", file=sys.stderr, flush=True)
+                if not said:
+                    _print_failure([ins])
                 tx.flush(timeout=2.0)
                 # this rank aborts the job either way; a mismatch keeps its own class
                 raise (ins.error if issubclass(ins.error, JobAborted) else JobAborted)(ins.reason)
+
+
+def _print_failure(instrs: list[Any]) -> bool:
+    """Print the reason of the first :class:`Fail` among ``instrs`` on stderr; True if there
+    was one."""
+    fail = next((ins for ins in instrs if isinstance(ins, Fail)), None)
+    if fail is not None:
+        print(f"canary: job aborted: {fail.reason}", file=sys.stderr, flush=True)
+    return fail is not None
 
 
 def await_byes(tx: MpiTransport, n_workers: int, timeout: float,

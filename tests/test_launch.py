@@ -173,6 +173,12 @@ def test_a_rank_that_aborted_the_job_on_purpose_has_said_why() -> None:
     status, lines = verdict(end(rec, 1, aborts={2: 3}))  # ... unless it printed nothing
     assert status == 3 and lines == ["canary: rank 2 (worker 1, pid 102) ended the job with "
                                      "MPI_Abort(3)"]
+    # the workers' fallback when hydra let the controller's abort go: the controller said why
+    rec = records(gone={0: (1, 5.0), 2: (1, 10.0)})
+    assert verdict(end(rec, 1, aborts={0: 1, 2: 1}, wrote_stderr={0})) == (1, [])
+    status, lines = verdict(end(rec, 1, aborts={2: 1, 0: 1}, wrote_stderr={0}))
+    assert status == 1 and lines == ["canary: rank 2 (worker 1, pid 102) ended the job with "
+                                     "MPI_Abort(1)"]
 
 
 def test_stopping_and_time_limit_are_one_line_each() -> None:
@@ -562,6 +568,15 @@ def test_a_failing_kernel_shows_its_traceback_once_and_no_mpi_banners() -> None:
     assert err.count("ZeroDivisionError: kernel blew up on purpose") == 1, err
     assert err.startswith("canary: job aborted: rank 2 (worker 1): stage 'explode'")
     assert "Abort(" not in err
+
+
+def test_a_lost_controller_abort_is_ended_by_the_worker_and_shown_once() -> None:
+    r = canary_run(str(DRIVERS / "lost_abort.py"))
+    assert r.returncode == 1 and r.stdout == ""
+    err = r.stderr
+    assert err.count("ZeroDivisionError: kernel blew up on purpose") == 1, err
+    assert err.startswith("canary: job aborted: rank 2 (worker 1): stage 'explode'")
+    assert "Abort(" not in err and "before the job finished" not in err, err
 
 
 def test_an_error_on_one_rank_only_is_shown_once_and_ends_the_job() -> None:
