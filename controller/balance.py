@@ -35,7 +35,13 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
 3. The **ideal** load is the total work divided by the total speed: every worker busy alike.
    The policy acts only when the busiest worker's load exceeds the ideal by more than
    ``threshold`` (10%) in ``patience`` (3) consecutive decisions, each on fresh reports from
-   every worker, and only once every worker has reported ``patience`` times.
+   every worker, and only once every worker has reported ``patience`` times; and only once
+   those decisions' excesses over the threshold add up to ``evidence`` (1.0). The more uneven
+   the load, the sooner: a worker 3x slower than its partner (busiest at twice the ideal)
+   is answered after ``patience`` rounds, a worker 1.4x slower after 9, while the
+   spells of 1.2-1.5x slower tasks that come and go on a shared machine (3 to 5 rounds at a
+   time, measured on balanced runs) add up to less and move nothing. The evidence is the time
+   the imbalance has cost so far, in rounds, beyond what the threshold tolerates.
 4. It then moves greedily: from the busiest worker, the partition and destination that lower
    the highest predicted load most (among equal ones, the destination left least loaded: while
    the source stays the busiest, every destination gives the same highest load), as long as a
@@ -175,7 +181,7 @@ class BalancePolicy:
                  horizon_s: float = 10.0, bandwidth: float = 1e9, latency_s: float = 1e-3,
                  max_moves: int = 8, settle: int = 2, undo_margin: float = 0.05,
                  quiet_rounds: int = 20, wait_margin: float = 0.10,
-                 drain_wait: float = 0.25) -> None:
+                 drain_wait: float = 0.25, evidence: float = 1.0) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         self.n_workers = n_workers
@@ -193,6 +199,7 @@ class BalancePolicy:
         self.quiet_rounds = quiet_rounds
         self.wait_margin = wait_margin
         self.drain_wait = drain_wait
+        self.evidence = evidence
         self.drained: set[int] = set()  # workers emptied for their waits for a CPU
         self._drain_tried: set[int] = set()  # ... once each: an undone drain is not retried
         self._relieved: set[int] = set()  # workers a round of moves has taken partitions off
@@ -200,6 +207,7 @@ class BalancePolicy:
         self.parts: dict[tuple[int, int], _Partition] = {}
         self.workers = [_Worker() for _ in range(n_workers)]
         self._over = 0  # consecutive decisions that found the load uneven
+        self._excess = 0.0  # ... and their summed excess over the threshold
         self._wait_rounds = 0  # report rounds to wait before judging again
         self._paces: list[float] = []  # the job's pace at the decisions since the last moves
         # the last round of moves ((group, index, from, to)), the pace before it and how many
@@ -321,15 +329,17 @@ class BalancePolicy:
         capacity = sum(s for w, s in enumerate(speeds) if w not in self.drained)
         ideal = sum(work.values()) / capacity
         drain = self._drain(loads, speeds, work, ctrl)
-        if ideal <= 0 or (not drain and max(loads) <= (1 + self.threshold) * ideal):
-            self._over = 0
+        excess = max(loads) / ideal - 1 - self.threshold if ideal > 0 else 0.0
+        if ideal <= 0 or (not drain and excess <= 0):
+            self._over, self._excess = 0, 0.0
             return []
         self._over += 1
-        if self._over < self.patience:
+        self._excess += max(excess, 0.0)
+        if self._over < self.patience or (not drain and self._excess < self.evidence):
             return []
         moves = drain or self._plan(loads, speeds, work, ideal, ctrl)
         if moves:
-            self._over = 0
+            self._over, self._excess = 0, 0.0
             self._wait_rounds = self.settle
             before = statistics.fmean(self._paces[-self.patience:])
             self._trial = ([(g, i, self.parts[(g, i)].holder, dst) for g, i, dst, _ in moves],
@@ -421,7 +431,7 @@ class BalancePolicy:
         else:
             self._undos += 1
             self._wait_rounds = self.settle + self.quiet_rounds * 2 ** (self._undos - 1)
-        self._over = 0
+        self._over, self._excess = 0, 0.0
         return back
 
     def _plan(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],

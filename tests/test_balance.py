@@ -131,6 +131,29 @@ def test_a_passing_slowdown_moves_nothing() -> None:
         assert job.round(policy, r * 0.5) == []
 
 
+@pytest.mark.parametrize("slow,spell", [(0.8, 6), (0.7, 5), (0.65, 4)])
+def test_spells_of_slower_tasks_that_pass_move_nothing(slow: float, spell: int) -> None:
+    # a worker's tasks run 1.25-1.5x slower for a few rounds in twenty, as on a shared machine
+    def run(policy: BalancePolicy) -> list[tuple[int, int, int]]:
+        job = Job([1.0, 1.0], uniform(2, 8))
+        for r in range(200):
+            job.speeds[1] = slow if r % 20 >= 20 - spell else 1.0
+            job.round(policy, r * 0.5)
+        return job.moves
+    assert run(BalancePolicy(2)) == []
+    assert len(run(BalancePolicy(2, evidence=0.0))) > 4  # without the evidence: back and forth
+
+
+def test_the_more_uneven_the_load_the_sooner_the_move() -> None:
+    def first_move(slow: float) -> int:
+        job = Job([1.0, slow], uniform(2, 8))
+        policy = BalancePolicy(2)
+        return next(r for r in range(200) if job.round(policy, r * 0.5))
+    # 3x and 2x slower: after `patience` rounds; 1.4x: later; 1.25x: later still, but answered
+    assert first_move(1 / 3) == first_move(0.5) == 4
+    assert 4 < first_move(0.7) < first_move(0.8) < 60
+
+
 def test_a_move_whose_transfer_costs_more_than_it_saves_is_not_made() -> None:
     job = Job([1.0, 0.8], uniform(2, 8), nbytes=1 << 40)  # a TB a partition: never worth it
     policy = BalancePolicy(2)
@@ -473,7 +496,9 @@ def test_a_worker_is_not_emptied_when_the_others_cannot_take_its_share() -> None
     # two workers: the other alone would take longer than the lagging one's waits cost
     job = LaggingJob(4.0, speeds=[1.0, 1.0], parts=uniform(2, 8))
     policy = BalancePolicy(2)
+    held = []
     for r in range(200):
         job.round(policy, r * 0.5)
+        held.append(sum(w == 1 for w in job.ctrl.owners.values()))
     assert policy.drained == set()
-    assert sum(w == 1 for w in job.ctrl.owners.values()) == 8
+    assert min(held) == 7 and held.count(7) < 30  # a partition on trial now and then, undone
