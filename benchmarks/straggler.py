@@ -29,8 +29,9 @@ stays within 1.15x of the ideal; ``steady_ms`` is the median of the run's last 4
 
 ``--micro`` adds the micropartitioning sweep (the Canary paper's Fig 8a shape): logistic
 regression on a larger input (per-partition costs matter less) with the last worker
-``--micro-factor`` (2) times slower, at 1, 2, 4, 8, 16 partitions per worker, balancing on, each
-beside a run with no worker slowed. Whole partitions can split the work only so finely: the
+``--micro-factor`` (2) times slower, at 1, 2, 4, 8, 16 partitions per worker (``--micro-ppws``
+picks some: a short lease on a bigger machine), balancing on, each beside a run with no worker
+slowed. Whole partitions can split the work only so finely: the
 **best split** at each granularity (``best_split_ms``) is the equal run's time scaled by the best
 whole-partition split (e.g. with two workers and one 2x slower, 1 partition per worker can do no
 better than leaving the slow worker its whole share; 8 come within 3% of the 2:1 split). The
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro", action="store_true", help="add the micropartitioning sweep")
     ap.add_argument("--micro-factor", type=float, default=2.0,
                     help="how much slower the last worker is in the sweep")
+    ap.add_argument("--micro-ppws", default=",".join(map(str, PPWS)), metavar="P,P,...",
+                    help="the partitions per worker the sweep runs (default: %(default)s)")
     ap.add_argument("--virtual", default="", metavar="W,W,...",
                     help="also balance on these numbers of virtual workers (virtual time)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
@@ -221,10 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         virtual = [int(w) for w in args.virtual.split(",") if w]
     except ValueError:
         virtual = [0]
+    try:
+        ppws = [int(p) for p in args.micro_ppws.split(",") if p]
+    except ValueError:
+        ppws = [0]
     if (args.micro_factor < 1 or args.factor < 1 or args.workers < 2 or args.ppw < 1
-            or any(w < 2 for w in virtual)):
+            or any(w < 2 for w in virtual) or not ppws or any(p < 1 for p in ppws)):
         ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2, "
-                 "--ppw >= 1 and --virtual worker counts of 2 or more")
+                 "--ppw and every --micro-ppws count >= 1, and --virtual worker counts of 2 "
+                 "or more")
     W = args.workers
     slow = W - 1
     if args.keep_traces:
@@ -296,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         app = "logistic_regression"
         data, iters = (APPS[app][2], APPS[app][3]) if args.quick else (MICRO_DATA, MICRO_ITERS)
         env = {"CANARY_SLOWDOWN": f"{slow}:{args.micro_factor:g}"}
-        for ppw in PPWS:
+        for ppw in ppws:
             argv_app = [*per_worker(data, W), "--partitions", str(W * ppw)]
             eq = run(app, argv_app, iters, W, True, {}, False, args.timeout,
                      keep(f"{app}_micro_{ppw}_equal"))

@@ -489,9 +489,23 @@ def test_straggler_best_split_is_the_best_of_every_placement(workers: int, facto
     assert all(b <= a + 1e-12 for a, b in zip(got, got[1:]))
 
 
+def test_straggler_micro_runs_the_partitions_per_worker_asked_for() -> None:
+    from benchmarks.straggler import best_split
+
+    rows = run_bench("straggler.py", "--quick", "--apps", "", "--micro", "--micro-ppws", "3")
+    (row,) = rows[:-1]
+    assert (row["scenario"], row["ppw"], row["factor"]) == ("micropartition", 3, 2.0)
+    assert row["best_split_ms"] == pytest.approx(row["equal_ms"] * 2 * best_split(2, 3, 2.0),
+                                                 rel=1e-3)
+    assert row["over_best_split"] == pytest.approx(row["steady_ms"] / row["best_split_ms"],
+                                                   abs=1e-3)
+    assert rows[-1]["micro_steady_ms"] == {"3": row["steady_ms"]}
+
+
 @pytest.mark.parametrize("bad", [["--micro-factor", "0.5"], ["--factor", "0"],
                                  ["--workers", "1"], ["--ppw", "0"], ["--virtual", "3,1"],
-                                 ["--virtual", "eight"]])
+                                 ["--virtual", "eight"], ["--micro-ppws", "4,0"],
+                                 ["--micro-ppws", "eight"], ["--micro-ppws", ""]])
 def test_straggler_rejects_settings_it_cannot_model(bad: list[str]) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "straggler.py"), *bad],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
