@@ -279,6 +279,7 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
     ``env_extra`` is added to the environment of the ranks (e.g. ``CANARY_SPIN_US``); ``root``
     is the checkout whose canary and app run (``benchmarks/ab.py`` compares two)."""
     from canary.cli import find_mpiexec, mpiexec_env
+    from canary.mpich_shm import remove_orphans
 
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.jsonl")
@@ -295,10 +296,13 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
         env["CANARY_TRACE"] = trace
         env["CANARY_TRACE_LEVEL"] = level
         env.update(env_extra or {})
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 30)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
+            # a rank that failed first may have had the others killed before MPI let go of the
+            # shared memory: what nobody maps any more goes, as canary run does
+            remove_orphans(started)
             raise RuntimeError(f"{app} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         rows = [json.loads(line) for line in open(metrics)]
         gaps = iteration_seconds(load_events(trace))

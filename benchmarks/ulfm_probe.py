@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 RANK_PROGRAM = r'''
 import os, signal, sys
@@ -60,15 +61,18 @@ SETTINGS = {
 
 def probe(name: str, timeout: int, script: str) -> dict[str, object]:
     from canary.cli import find_mpiexec
+    from canary.mpich_shm import remove_orphans
 
     flags, extra = SETTINGS[name]
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout), **extra)
+    started = time.time()
     try:
         r = subprocess.run([find_mpiexec(), *flags, "-n", "3", sys.executable, script], env=env,
                            capture_output=True, text=True, timeout=timeout + 30)
         out, code = r.stdout + r.stderr, r.returncode
     except subprocess.TimeoutExpired as exc:
         out, code = str(exc.stdout or "") + str(exc.stderr or ""), None
+    remove_orphans(started)  # the killed rank's shared memory, which MPI leaves behind
     lines = [ln for ln in out.splitlines() if ln.startswith("rank ")]
     assertion = next((ln.strip() for ln in out.splitlines() if "Assertion failed" in ln), None)
     return {"setting": name, "flags": flags, "env": extra, "survivors_said": lines,

@@ -6,6 +6,7 @@ Speed is never asserted here: only shapes, keys and answers.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -551,7 +552,14 @@ def test_snapshot_quick_prints_write_overhead_recovery_and_summary() -> None:
 
 
 def test_ulfm_probe_reports_each_setting_and_whether_any_recovered() -> None:
+    from canary.mpich_shm import PREFIX, SHM_FOLDER
+
+    def segments() -> set[str]:
+        return {n for n in os.listdir(SHM_FOLDER) if n.startswith(PREFIX)}
+
+    before = segments()
     rows = run_bench("ulfm_probe.py", "--timeout", "15")
+    assert segments() - before == set()  # the killed ranks' shared memory is not left behind
     assert [r["setting"] for r in rows[:-1]] == ["plain", "no_cleanup", "ft"]
     assert rows[-1]["ulfm_works"] == any(r["recovered"] for r in rows[:-1])
     # what docs/fault-tolerance.md says of the mpich wheel: no setting recovers
