@@ -91,7 +91,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
         # Say why before the workers hear of it: told to abort, a worker ends the job itself if
         # this rank's MPI_Abort does not (hydra once in tens of jobs loses it), and the reason
         # must be on stderr by then.
-        said = _print_failure(instrs)
+        said = state.failed is not None and _print_failure(instrs)
         while instrs:
             ins = instrs.pop(0)
             if isinstance(ins, Send):
