@@ -36,12 +36,12 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    The policy acts only when the busiest worker's load exceeds the ideal by more than
    ``threshold`` (10%) in ``patience`` (3) consecutive decisions, each on fresh reports from
    every worker, and only once every worker has reported ``patience`` times; and only once
-   those decisions' excesses over the threshold add up to ``evidence`` (1.0). The more uneven
-   the load, the sooner: a worker 3x slower than its partner (busiest at twice the ideal)
-   is answered after ``patience`` rounds, a worker 1.4x slower after 9, while the
-   spells of 1.2-1.5x slower tasks that come and go on a shared machine (3 to 5 rounds at a
-   time, measured on balanced runs) add up to less and move nothing. The evidence is the time
-   the imbalance has cost so far, in rounds, beyond what the threshold tolerates.
+   those decisions' excesses over the threshold add up to ``evidence`` (2.0). The more uneven
+   the load, the sooner: of two workers, one 3x slower (the busiest at twice the ideal) is
+   answered after ``patience`` rounds, one 2x slower after 5, 1.4x slower after 18, while
+   the spells of 1.2-1.6x slower tasks that come and go on a shared machine (3 to 10 rounds
+   at a time, measured on balanced runs) add up to less and move nothing. The evidence is the
+   time the imbalance has cost so far, in rounds, beyond what the threshold tolerates.
 4. It then moves greedily: from the busiest worker, the partition and destination that lower
    the highest predicted load most (among equal ones, the destination left least loaded: while
    the source stays the busiest, every destination gives the same highest load), as long as a
@@ -181,7 +181,7 @@ class BalancePolicy:
                  horizon_s: float = 10.0, bandwidth: float = 1e9, latency_s: float = 1e-3,
                  max_moves: int = 8, settle: int = 2, undo_margin: float = 0.05,
                  quiet_rounds: int = 20, wait_margin: float = 0.10,
-                 drain_wait: float = 0.25, evidence: float = 1.0) -> None:
+                 drain_wait: float = 0.25, evidence: float = 2.0) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         self.n_workers = n_workers

@@ -149,17 +149,17 @@ def test_the_more_uneven_the_load_the_sooner_the_move() -> None:
         job = Job([1.0, slow], uniform(2, 8))
         policy = BalancePolicy(2)
         return next(r for r in range(200) if job.round(policy, r * 0.5))
-    # 3x and 2x slower: after `patience` rounds; 1.4x: later; 1.25x: later still, but answered
-    assert first_move(1 / 3) == first_move(0.5) == 4
-    assert 4 < first_move(0.7) < first_move(0.8) < 60
+    # 3x slower: after `patience` rounds; 2x, 1.4x, 1.25x: later and later, but answered
+    assert first_move(1 / 3) == 4
+    assert 4 < first_move(0.5) < first_move(0.7) < first_move(0.8) < 120
 
 
 def test_a_move_whose_transfer_costs_more_than_it_saves_is_not_made() -> None:
-    job = Job([1.0, 0.8], uniform(2, 8), nbytes=1 << 40)  # a TB a partition: never worth it
+    job = Job([1.0, 0.5], uniform(2, 8), nbytes=1 << 40)  # a TB a partition: never worth it
     policy = BalancePolicy(2)
     for r in range(50):
         assert job.round(policy, r * 0.5) == []
-    cheap = Job([1.0, 0.8], uniform(2, 8))
+    cheap = Job([1.0, 0.5], uniform(2, 8))
     policy = BalancePolicy(2)
     assert any(cheap.round(policy, r * 0.5) for r in range(50))
 
@@ -232,7 +232,7 @@ def test_a_worker_that_waits_for_its_cpu_between_tasks_counts_as_slower() -> Non
     policy = BalancePolicy(2)
     ctrl = FakeController(2, {(0, i): i // 4 for i in range(8)})
     moves: list = []
-    for r in range(10):
+    for r in range(20):
         for w in range(2):
             busy = tuple((g, i, 0.05, 1 << 20) for (g, i), o in sorted(ctrl.owners.items())
                          if o == w)
