@@ -302,7 +302,7 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
         if proc.returncode != 0:
             # a rank that failed first may have had the others killed before MPI let go of the
             # shared memory: what nobody maps any more goes, as canary run does
-            remove_orphans(started)
+            remove_orphans(started, wait=2.0)
             raise RuntimeError(f"{app} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         rows = [json.loads(line) for line in open(metrics)]
         gaps = iteration_seconds(load_events(trace))

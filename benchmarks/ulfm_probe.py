@@ -72,7 +72,7 @@ def probe(name: str, timeout: int, script: str) -> dict[str, object]:
         out, code = r.stdout + r.stderr, r.returncode
     except subprocess.TimeoutExpired as exc:
         out, code = str(exc.stdout or "") + str(exc.stderr or ""), None
-    remove_orphans(started)  # the killed rank's shared memory, which MPI leaves behind
+    remove_orphans(started, wait=2.0)  # the killed rank's shared memory, which MPI leaves
     lines = [ln for ln in out.splitlines() if ln.startswith("rank ")]
     assertion = next((ln.strip() for ln in out.splitlines() if "Assertion failed" in ln), None)
     return {"setting": name, "flags": flags, "env": extra, "survivors_said": lines,

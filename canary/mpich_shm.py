@@ -61,15 +61,29 @@ def release_own_segments() -> list[str]:
     return removed
 
 
-def remove_orphans(since: float, settle: float = 0.05, folder: str = SHM_FOLDER) -> list[str]:
+def remove_orphans(since: float, settle: float = 0.05, folder: str = SHM_FOLDER,
+                   wait: float = 0.0) -> list[str]:
     """Remove the MPICH files in ``folder`` of this user that were made or written at ``since``
     (a ``time.time()``) or later and that no process maps; return their paths.
 
     A file is removed only if no process maps it in two looks ``settle`` seconds apart, and it
     was not written in between: MPICH maps a file right after making it, and the process that
     made it may not have got there at the first look. Only processes whose memory maps this
-    user can read are seen; others cannot open this user's files. Never raises.
+    user can read are seen; others cannot open this user's files. A file still mapped is looked
+    at again for up to ``wait`` seconds: a plain ``mpiexec`` may return while the ranks it
+    killed are still exiting. Never raises.
     """
+    deadline = time.monotonic() + wait
+    removed = _remove_unmapped(since, settle, folder)
+    while time.monotonic() < deadline and any(
+            path not in removed for path in _changed_since(folder, since)):
+        time.sleep(settle)
+        removed += _remove_unmapped(since, settle, folder)
+    return removed
+
+
+def _remove_unmapped(since: float, settle: float, folder: str) -> list[str]:
+    """One pass of :func:`remove_orphans` (its two looks)."""
     candidates = _changed_since(folder, since)
     for look in range(2):
         if not candidates:

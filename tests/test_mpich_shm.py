@@ -57,6 +57,21 @@ def test_only_files_made_since_the_job_started_and_mapped_by_nobody_go(tmp_path:
     assert written.exists()
 
 
+def test_a_file_still_mapped_by_an_exiting_rank_goes_once_it_has_exited(tmp_path: Path) -> None:
+    # a plain mpiexec can return while the ranks it killed are still exiting
+    since = time.time()
+    path = tmp_path / (PREFIX + "exiting_0")
+    path.write_bytes(b"\0" * 4096)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import mmap, sys, time\n"
+        f"f = open({str(path)!r}, 'r+b'); m = mmap.mmap(f.fileno(), 4096)\n"
+        "print('mapped', flush=True); time.sleep(0.5)")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "mapped\n"
+    assert remove_orphans(since, folder=str(tmp_path)) == []  # in use: left alone
+    assert remove_orphans(since, folder=str(tmp_path), wait=10.0) == [str(path)]
+    assert holder.wait(timeout=10) == 0 and not path.exists()
+
+
 def _segments() -> set[str]:
     return {name for name in os.listdir(SHM_FOLDER) if name.startswith(PREFIX)}
 
