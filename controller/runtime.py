@@ -63,6 +63,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
     c0 = time.process_time()
     user_cpu = 0.0
     ticks = count(1)
+    said = False  # the reason the job failed is on stderr
     next_tick = t0 + tick_s
     while True:
         got = tx.poll()
@@ -91,7 +92,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
         # Say why before the workers hear of it: told to abort, a worker ends the job itself if
         # this rank's MPI_Abort does not (hydra once in tens of jobs loses it), and the reason
         # must be on stderr by then.
-        said = state.failed is not None and _print_failure(instrs)
+        if state.failed is not None and not said:
+            said = _say_why(state.failed)
         while instrs:
             ins = instrs.pop(0)
             if isinstance(ins, Send):
@@ -123,19 +125,16 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                 return result
             elif isinstance(ins, Fail):
                 if not said:
-                    _print_failure([ins])
+                    said = _say_why(ins.reason)
                 tx.flush(timeout=2.0)
                 # this rank aborts the job either way; a mismatch keeps its own class
                 raise (ins.error if issubclass(ins.error, JobAborted) else JobAborted)(ins.reason)
 
 
-def _print_failure(instrs: list[Any]) -> bool:
-    """Print the reason of the first :class:`Fail` among ``instrs`` on stderr; True if there
-    was one."""
-    fail = next((ins for ins in instrs if isinstance(ins, Fail)), None)
-    if fail is not None:
-        print(f"canary: job aborted: {fail.reason}", file=sys.stderr, flush=True)
-    return fail is not None
+def _say_why(reason: str) -> bool:
+    """Print why the job failed on stderr; returns True (it has been said)."""
+    print(f"canary: job aborted: {reason}", file=sys.stderr, flush=True)
+    return True
 
 
 def await_byes(tx: MpiTransport, n_workers: int, timeout: float,
