@@ -56,10 +56,10 @@ _LOSS_BLOCK = 512  # rows whose (1 + e^-|z|) factors multiply without overflow: 
 
 # One partition per worker by default. Every partition costs each iteration a broadcast gather,
 # a gradient task and a reduce piece, each some Python on a cache the kernel has just flushed,
-# and one per worker measured faster than four (docs/performance.md has the figures). More
-# partitions per worker pay only where tasks vary in cost (benchmarks/micropartition.py), which
-# dense rows do not, and nothing moves partitions between workers yet; --partitions chooses
-# more.
+# and on workers of equal speed one per worker measured about 5% faster than four
+# (docs/performance.md has the figures). More pay where tasks vary in cost, which dense rows do
+# not, or where a worker is slower and balancing needs smaller pieces to move off it (21% faster
+# at 8 per worker with one worker 2x slower); --partitions chooses more.
 PARTITIONS_PER_WORKER = 1
 
 PROG = "logistic_regression.py"  # how the app names itself in usage and error lines
