@@ -23,7 +23,7 @@ from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.local_runner import run_local
 from canary.program import Program
-from canary.ranks import abort_job
+from canary.ranks import abort_job, rank_in_job
 from canary.result import JobResult
 from canary.snapshot import Manifest, SnapshotConfig, check_resumable, read_manifest
 from canary.trace import Tracer, gather_and_write, trace_level, trace_path
@@ -86,10 +86,13 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     except ValueError as exc:  # the same mistake on every rank: rank 0 alone says so
         if rank == 0:
             print(f"canary: error: {exc}", file=sys.stderr, flush=True)
-        abort_job(given, 1, linger=1.0 if rank == 0 else 30.0)
+        # rank 0 ends the job a second later; the others end it themselves if hydra lost that
+        # abort (see the JobAborted case below)
+        abort_job(given, 1, linger=1.0 if rank == 0 else 5.0)
     resume_from = resume_snapshot(program)  # every rank alike: an error ends each the same way
     comm = given
     try:
+        rank_in_job(True)  # a rank whose driver fails meanwhile aborts the job at once
         _join(given, startup_timeout)
         # The engine talks on its own copy of the communicator: a driver that also uses the one
         # it passed (COMM_WORLD, say) cannot receive canary's messages or collide with its tags.
@@ -118,6 +121,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
                 print(f"canary: trace written to {path} (open it in https://ui.perfetto.dev)",
                       file=sys.stderr, flush=True)
         comm.Free()
+        rank_in_job(False)  # the job is over: a rank that fails now waits for the others
         return result
     except JobAborted:
         # Rank 0 printed the reason before it told the workers, and ends every rank a second
