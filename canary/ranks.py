@@ -9,11 +9,13 @@ named a run folder (``CANARY_RUN_DIR``), also:
 * records ``start-R.json`` (pid, host, start time, sentinel) when the rank starts;
 * records ``end-R.json`` with the driver's exit status when the driver ends by itself (a
   rank that ends without it, its sentinel notes as ``gone-R.json``);
+* records ``joined-R.json`` while the rank is in :func:`canary.run` (it waits there for every
+  other rank to join the job);
 * lets a driver that fails the same way on every rank (an argument error, a bad input file)
   end without ``MPI_Abort``: a rank that ends with a non-zero status first waits up to
   :data:`END_WAIT` seconds for every rank to end; only if some rank is still running (and
-  would wait for this one forever) is the job aborted. So no rank is killed before it has
-  said why, and MPI adds no abort messages.
+  would wait for this one forever) is the job aborted, at once if some rank has joined. So no
+  rank is killed before it has said why, and MPI adds no abort messages.
 * ends a rank whose driver ended well without the interpreter's teardown, once files, threads
   and MPI are seen to (:func:`leave`): the job ends 0.5 s sooner.
 
@@ -137,17 +139,33 @@ class RankRun:
         Returns True when every rank of the job is known to have ended (so none is left
         waiting for this one and the job needs no ``MPI_Abort``). A non-zero ``status`` waits
         up to ``wait`` seconds for that: every rank of a driver that rejects its arguments or
-        input fails at about the same moment.
+        input fails at about the same moment. It returns False without waiting further once a
+        rank that has not ended is in the job (see :meth:`in_job`): that rank waits for this
+        one, and would until the controller's start-up timeout.
         """
         if not write_record(self.folder, "end", self.rank, {"rank": self.rank, "status": status}):
             return False  # the run folder is not on this host: the others cannot be seen
         deadline = time.monotonic() + (wait if status != 0 else 0.0)
         while True:
-            if all(os.path.exists(record_path(self.folder, "end", r)) for r in range(self.ranks)):
+            ended = [os.path.exists(record_path(self.folder, "end", r)) for r in range(self.ranks)]
+            if all(ended):
                 return True
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or any(
+                    not ended[r] and os.path.exists(record_path(self.folder, "joined", r))
+                    for r in range(self.ranks)):
                 return False
             time.sleep(0.05)
+
+    def in_job(self, inside: bool) -> None:
+        """Record that this rank has entered the job (``inside``: it now waits for every other
+        rank to join it) or has left it. Never raises."""
+        if inside:
+            write_record(self.folder, "joined", self.rank, {"rank": self.rank})
+        else:
+            try:
+                os.remove(record_path(self.folder, "joined", self.rank))
+            except OSError:
+                pass
 
 
 def end_rank(status: int, environ: Mapping[str, str] = os.environ) -> bool:
@@ -157,6 +175,14 @@ def end_rank(status: int, environ: Mapping[str, str] = os.environ) -> bool:
     """
     run = RankRun.from_environ(environ)
     return run is not None and run.end(status)
+
+
+def rank_in_job(inside: bool, environ: Mapping[str, str] = os.environ) -> None:
+    """Record that this rank entered or left the job (see :meth:`RankRun.in_job`); does
+    nothing when the process was not launched by ``canary run``."""
+    run = RankRun.from_environ(environ)
+    if run is not None:
+        run.in_job(inside)
 
 
 def exit_status(exc: SystemExit) -> int:

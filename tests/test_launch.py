@@ -270,6 +270,24 @@ def test_a_failing_rank_waits_for_the_others_then_says_whether_all_ended(tmp_pat
     assert RankRun.from_environ({RUN_DIR: "/x", RUN_RANKS: "3"}) is None  # rank unknown
 
 
+def test_a_failing_rank_aborts_at_once_when_another_is_in_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # rank 0 has entered canary.run and waits there for this one: waiting for it to end would
+    # only delay the abort (and the job's end) by the whole wait
+    run, other = RankRun(str(tmp_path), rank=1, ranks=2), RankRun(str(tmp_path), rank=0, ranks=2)
+    other.in_job(True)
+
+    def no_waiting(seconds: float) -> None:
+        raise AssertionError(f"the failing rank waited {seconds} s for a rank in the job")
+
+    monkeypatch.setattr("canary.ranks.time.sleep", no_waiting)
+    assert not run.end(2, wait=60.0)
+    other.in_job(False)  # the job is over on rank 0, which ends by itself soon: wait for it
+    with pytest.raises(AssertionError, match="waited"):
+        run.end(2, wait=60.0)
+    other.in_job(False)  # leaving twice is harmless
+
+
 def test_run_main_turns_a_canary_error_into_one_line_and_status_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
