@@ -31,6 +31,7 @@ from canary.snapshot import (
     read_arrays,
     write_arrays,
 )
+from tests.seeds import over_seeds
 from tests.sequential import run_sequential
 from tests.test_random_programs import outcome, random_program
 
@@ -99,28 +100,31 @@ def crash_and_resume(make: Callable[[], Program], folder: Path, rng: random.Rand
 def test_apps_stopped_at_random_events_resume_with_the_same_answer(app: str,
                                                                    tmp_path: Path) -> None:
     reference = canary.run_local(APPS[app](), workers=2).results
-    resumed = 0
-    for seed in range(45):
+
+    def resumes(seed: int) -> int:
         rng = random.Random(seed)
         got, n = crash_and_resume(APPS[app], tmp_path / str(seed), rng, every=rng.choice([2, 8]),
                                   crashes=rng.randint(1, 2))
         assert same(got.results, reference), (app, seed)
-        resumed += n
-    assert resumed >= 40  # most stops came after a snapshot: the resumes were real
+        return n
+
+    # most stops came after a snapshot: the resumes were real
+    assert sum(over_seeds(resumes, range(45))) >= 40
 
 
 @pytest.mark.parametrize("prog_seed", range(20))
 def test_random_programs_stopped_at_random_events_resume_with_the_sequential_answer(
         prog_seed: int, tmp_path: Path) -> None:
     reference = outcome(run_sequential(random_program(prog_seed)))
-    resumed = 0
-    for run in range(4):
+
+    def resumes(run: int) -> int:
         rng = random.Random(1000 * prog_seed + run)
         got, n = crash_and_resume(lambda: random_program(prog_seed), tmp_path / str(run), rng,
                                   every=rng.choice([1, 3]), crashes=rng.randint(1, 2))
         assert outcome(got.results) == reference, (prog_seed, run)
-        resumed += n
-    assert resumed >= 1
+        return n
+
+    assert sum(over_seeds(resumes, range(4))) >= 1
 
 
 # ------------------------------------------------------------------ on disk
