@@ -43,6 +43,7 @@ from canary.driver import (
     json_line,
     npz_path,
     planned_workers,
+    reports_each_iteration,
     write_outputs,
 )
 from canary.generate import blobs
@@ -538,7 +539,8 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         p.compute(assign_kernel, [X, meta, labels, local_c], [labels, partial])
         p.reduce(partial, total, op="concat", name="reduce_partial")
         p.compute(update_kernel, [total, centers, state], [centers, state])
-        p.report(state, callback=args.on_progress)
+        if reports_each_iteration(args):
+            p.report(state, callback=args.on_progress)
     p.broadcast(centers, local_c, name="broadcast_final_centers")
     p.compute(final_assign_kernel, [X, local_c], [labels, fin_local])
     p.reduce(fin_local, fin)

@@ -37,6 +37,7 @@ from canary.driver import (
     json_line,
     npz_path,
     planned_workers,
+    reports_each_iteration,
     write_outputs,
 )
 from canary.generate import logistic_data
@@ -313,7 +314,8 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         p.reduce(local_g, g)
         p.compute(update_kernel, [g, w, opt], [w, opt])
         p.compute(result_kernel, [opt], [res])
-        p.report(res, callback=args.on_progress)
+        if reports_each_iteration(args):
+            p.report(res, callback=args.on_progress)
     if args.max_iter == 0:
         # No step is taken, so no gradient was evaluated: evaluate the starting point, which
         # is the one returned, so the result reports its true objective and gradient norm.

@@ -57,6 +57,7 @@ from canary.driver import (
     declare,
     json_line,
     planned_workers,
+    reports_each_iteration,
     write_outputs,
 )
 from canary.generate import BLOCK_EDGES, rmat_edges
@@ -648,7 +649,8 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
         p.scatter_gather(vstat, gsums, None, "sum", one_piece=True, name="allreduce_sums")
         edge_pass()
         p.compute(step_kernel, [vsum, stats], [stats])
-        p.report(stats, callback=args.on_progress)
+        if reports_each_iteration(args):
+            p.report(stats, callback=args.on_progress)
     p.report(stats, name="final_stats")
     p.report(ecount, name="final_edge_count")
     if args.want_ranks:

@@ -28,9 +28,19 @@ def add_output_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--metrics", metavar="PATH",
                     help="write one JSON line per iteration to this file (rank 0)")
     ap.add_argument("--print-every", type=int, default=1, metavar="K",
-                    help="print a progress line every K iterations (0: none)")
+                    help="print a progress line every K iterations (0: none; with no "
+                         "--metrics either, the loop then sends rank 0 no report)")
     ap.add_argument("--trace", metavar="PATH", default=None,
                     help="write a Chrome trace-event JSON of the run (open it in Perfetto)")
+
+
+def reports_each_iteration(args: argparse.Namespace) -> bool:
+    """Whether an app's loop should report its progress to rank 0 every iteration: only when
+    someone reads it, on the console (``--print-every`` above 0) or in ``--metrics``. Each
+    report is a message to the controller and work there, every iteration; ``--print-every 0``
+    without ``--metrics`` leaves the controller with only its fixed-rate traffic. Depends on the
+    arguments alone, so every rank declares the same program."""
+    return args.print_every > 0 or bool(args.metrics)
 
 
 def _finite_or_null(value: Any) -> Any:

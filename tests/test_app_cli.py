@@ -113,3 +113,26 @@ def test_iterations_write_strict_json_metrics_and_summary(tmp_path: Path) -> Non
     rows = [strict_loads(line) for line in met.read_text().splitlines()]
     assert [row["iteration"] for row in rows] == [1, 2, 3]
     assert strict_loads(r.stdout.splitlines()[-1])["iterations"] == 3
+
+
+@pytest.mark.parametrize("app", sorted(SMALL))
+def test_the_loop_reports_to_rank_0_only_when_the_progress_is_shown(tmp_path: Path,
+                                                                   app: str) -> None:
+    # a report inside the loop is a message to the controller every iteration: with nothing
+    # printed and no --metrics, the controller hears only the final reports
+    import importlib
+
+    import canary
+
+    mod = importlib.import_module(f"apps.{app}")
+    received = {}
+    for shown in (["--print-every", "0"], ["--print-every", "5"],
+                  ["--print-every", "0", "--metrics", str(tmp_path / "m.jsonl")]):
+        tol = "0" if app == "kmeans" else "1e-300"
+        args = mod.parse_args([*SMALL[app], "--max-iter", "6", "--tol", tol, *shown])
+        r = canary.run_local(mod.build(args, 2)[0], workers=2)
+        received[tuple(shown)] = r.controller_received.get("ReportPart", 0)
+    quiet = received[("--print-every", "0")]
+    assert received[("--print-every", "5")] >= quiet + 2  # one an iteration
+    assert received[("--print-every", "0", "--metrics", str(tmp_path / "m.jsonl"))] == \
+        received[("--print-every", "5")]
