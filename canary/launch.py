@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from canary.mpich_shm import remove_orphans
+from canary.mpich_shm import remove_orphans, remove_stale
 from canary.ranks import RunRecords, read_records, role
 from canary.sentinel import (
     LAUNCHER,
@@ -460,6 +460,7 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
     :class:`OutputFilter`; otherwise mpiexec writes straight to this process's stdout and
     stderr. Raises OSError if mpiexec cannot be started.
     """
+    remove_stale()  # what earlier jobs that nothing cleaned up after left in /dev/shm
     folder = tempfile.mkdtemp(prefix="canary-run-")
     started = time.time()
     stopper = _Stopper()

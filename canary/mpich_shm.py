@@ -12,6 +12,9 @@ failed job would keep its file's memory until the machine restarts. So:
   made or written since the job started and that no process maps any more
   (:func:`remove_orphans`): those of ranks that were killed. (tmpfs dates a file by its last
   write, so its age cannot tell an orphan from a file being made.)
+* ``canary run``, before each job, removes this user's files that no process maps and that
+  have not changed for a minute (:func:`remove_stale`): those a job left when nothing was
+  there to clean up after it (its ``canary run`` killed with SIGKILL, a plain ``mpiexec``).
 """
 
 from __future__ import annotations
@@ -104,8 +107,38 @@ def _remove_unmapped(since: float, settle: float, folder: str) -> list[str]:
     return removed
 
 
+def remove_stale(older_than: float = 60.0, folder: str = SHM_FOLDER,
+                 now: float | None = None) -> list[str]:
+    """Remove this user's MPICH files in ``folder`` that no process maps and that have not
+    changed for ``older_than`` seconds before ``now`` (default: the time now); return their
+    paths.
+
+    Every rank of a running job maps its file, and a file being made is mapped within moments,
+    so such a file belongs to no job. Removing the name of a file that a process this user
+    cannot see still maps (in another PID namespace) costs it nothing: the mapping stays.
+    Looks at the processes' maps only when there is a candidate. Never raises.
+    """
+    cutoff = (time.time() if now is None else now) - older_than
+    candidates = {path for path, changed in _own_files(folder).items() if changed < cutoff}
+    if not candidates:
+        return []
+    removed = []
+    for path in sorted(candidates - _mapped_anywhere()):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def _changed_since(folder: str, since: float) -> dict[str, float]:
     """This user's MPICH files in ``folder`` changed at ``since`` or later, with when."""
+    return {path: changed for path, changed in _own_files(folder).items() if changed >= since}
+
+
+def _own_files(folder: str) -> dict[str, float]:
+    """This user's MPICH files in ``folder``, with when each last changed (its ctime)."""
     found = {}
     try:
         with os.scandir(folder) as entries:
@@ -116,7 +149,7 @@ def _changed_since(folder: str, since: float) -> dict[str, float]:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if st.st_uid == os.getuid() and st.st_ctime >= since:
+                if st.st_uid == os.getuid():
                     found[entry.path] = st.st_ctime
     except OSError:
         pass

@@ -13,7 +13,13 @@ import threading
 import time
 from pathlib import Path
 
-from canary.mpich_shm import PREFIX, SHM_FOLDER, mapped_segments, remove_orphans
+from canary.mpich_shm import (
+    PREFIX,
+    SHM_FOLDER,
+    mapped_segments,
+    remove_orphans,
+    remove_stale,
+)
 from tests.conftest import ROOT, mpirun
 
 MAPS = """\
@@ -55,6 +61,20 @@ def test_only_files_made_since_the_job_started_and_mapped_by_nobody_go(tmp_path:
     assert remove_orphans(since, settle=0.3, folder=str(tmp_path)) == []
     later.join()
     assert written.exists()
+
+
+def test_files_unchanged_for_a_minute_and_mapped_by_nobody_go_before_a_job(tmp_path: Path) -> None:
+    # what a job killed with its launcher leaves: nothing that ran after it could remove it
+    left, mapped, other = (tmp_path / n for n in (PREFIX + "left_0", PREFIX + "mapped_0", "x"))
+    for path in (left, mapped, other):
+        path.write_bytes(b"\0" * 4096)
+    in_a_minute = time.time() + 61
+    assert remove_stale(folder=str(tmp_path)) == []  # just made: may be a starting job's
+    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        assert remove_stale(folder=str(tmp_path), now=in_a_minute) == [str(left)]
+    assert mapped.exists() and other.exists() and not left.exists()
+    assert remove_stale(folder=str(tmp_path), now=in_a_minute) == [str(mapped)]
+    assert remove_stale(folder=str(tmp_path / "absent"), now=in_a_minute) == []
 
 
 def test_a_file_still_mapped_by_an_exiting_rank_goes_once_it_has_exited(tmp_path: Path) -> None:
