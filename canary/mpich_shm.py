@@ -97,14 +97,7 @@ def _remove_unmapped(since: float, settle: float, folder: str) -> list[str]:
         now = _changed_since(folder, since)
         candidates = {path: ctime for path, ctime in candidates.items()
                       if path not in in_use and now.get(path) == ctime}
-    removed = []
-    for path in sorted(candidates):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            pass
-    return removed
+    return _unlink(candidates)
 
 
 def remove_stale(older_than: float = 60.0, folder: str = SHM_FOLDER,
@@ -120,10 +113,13 @@ def remove_stale(older_than: float = 60.0, folder: str = SHM_FOLDER,
     """
     cutoff = (time.time() if now is None else now) - older_than
     candidates = {path for path, changed in _own_files(folder).items() if changed < cutoff}
-    if not candidates:
-        return []
+    return _unlink(candidates - _mapped_anywhere()) if candidates else []
+
+
+def _unlink(paths: Iterable[str]) -> list[str]:
+    """Remove ``paths``, in order; return those removed (another process may be first)."""
     removed = []
-    for path in sorted(candidates - _mapped_anywhere()):
+    for path in sorted(paths):
         try:
             os.unlink(path)
             removed.append(path)
