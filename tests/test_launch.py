@@ -413,13 +413,15 @@ class LongJob:
     """A logistic regression that would run for hours, started by ``canary run`` in its own
     session (as a shell starts a foreground job) with a unique marker in its environment."""
 
-    def __init__(self) -> None:
+    def __init__(self, tmp: Path) -> None:
         self.mark = uuid.uuid4().hex
+        self.tmp = tmp  # the job's TMPDIR: what the launcher and the ranks leave there
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout", "300", LR,
              "--generate", "50000,20", "--max-iter", "10000000", "--tol", "1e-300",
              "--print-every", "100"],
-            cwd=ROOT, env=dict(os.environ, **{MARK: self.mark}), stdout=subprocess.PIPE,
+            cwd=ROOT, env=dict(os.environ, **{MARK: self.mark, "TMPDIR": str(tmp)}),
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.err: list[str] = []
@@ -471,8 +473,8 @@ class LongJob:
 
 
 @pytest.fixture
-def long_job() -> object:
-    job = LongJob()
+def long_job(tmp_path: Path) -> object:
+    job = LongJob(tmp_path)
     yield job
     job.clean_up()
 
@@ -485,6 +487,7 @@ def test_stopping_canary_run_stops_every_process_of_the_job(long_job: LongJob,
     os.kill(long_job.proc.pid, sig)  # what `kill PID`, Popen.terminate() or a supervisor does
     status, err = long_job.finish()
     assert long_job.leftovers() == {}
+    assert list(long_job.tmp.iterdir()) == []  # no folder of the launcher's, even after SIGKILL
     if sig == signal.SIGTERM:
         assert status == 143 and err == "canary: terminated; job stopped\n"
 
