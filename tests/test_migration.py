@@ -419,13 +419,27 @@ def test_a_worker_stuck_in_a_kernel_is_named() -> None:
 
 @pytest.mark.parametrize(("value", "says"), [("5:3", "the job has 2 workers: 0..1"),
                                              ("1:0.5", "a number >= 1"), ("slow", "WORKER:FACTOR")])
-def test_a_bad_slowdown_is_a_clear_error_at_start_up(value: str, says: str) -> None:
+def test_a_bad_slowdown_is_named_with_what_it_must_be(value: str, says: str) -> None:
+    from canary.worker.config import slowdown_from_env
+
+    with pytest.raises(ValueError) as err:
+        slowdown_from_env({"CANARY_SLOWDOWN": value}, n_workers=2)
+    assert f"CANARY_SLOWDOWN='{value}' is not WORKER:FACTOR" in str(err.value)
+    assert says in str(err.value)
+    assert slowdown_from_env({"CANARY_SLOWDOWN": "1:3"}, n_workers=2) == (1, 3.0)
+    assert slowdown_from_env({}, n_workers=2) is None
+
+
+def test_a_bad_slowdown_is_a_clear_error_at_start_up() -> None:
+    # the parser's every message is checked above; here, that a job started with one stops
+    # with it before any work
     from tests.conftest import mpirun
 
     r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
-               env_extra={"CANARY_SLOWDOWN": value}, timeout=60)
+               env_extra={"CANARY_SLOWDOWN": "5:3"}, timeout=60)
     assert r.returncode != 0
-    assert f"CANARY_SLOWDOWN='{value}' is not WORKER:FACTOR" in r.stderr and says in r.stderr
+    assert "CANARY_SLOWDOWN='5:3' is not WORKER:FACTOR" in r.stderr
+    assert "the job has 2 workers: 0..1" in r.stderr
 
 
 def test_a_trace_shows_each_move_on_both_workers(cancer: Path, tmp_path: Path) -> None:
