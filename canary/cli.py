@@ -126,11 +126,11 @@ def _run(args: argparse.Namespace) -> int:
         if snap is None and committed(checkpoint):
             print(f"canary: note: {checkpoint} already holds snapshots of an earlier run; this "
                   "run starts afresh (`--resume DIR` continues from them)", file=sys.stderr)
-    # a folder only for a hostfile of our own: a launcher killed with SIGKILL leaves it behind
-    with (tempfile.TemporaryDirectory(prefix="canary-hosts-")
-          if where.hostfile_text is not None else contextlib.nullcontext(None)) as tmp:
+    with contextlib.ExitStack() as stack:
         hostfile = args.hostfile
-        if tmp is not None and where.hostfile_text is not None:
+        if where.hostfile_text is not None:
+            # a folder only for a hostfile of our own: a launcher killed with SIGKILL leaves it
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="canary-hosts-"))
             hostfile = os.path.join(tmp, "hostfile")
             Path(hostfile).write_text(where.hostfile_text)
         cmd = mpiexec_command(where.workers, script, script_args, hostfile, mpiexec, hydra)
