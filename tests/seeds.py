@@ -27,10 +27,8 @@ def over_seeds(check: Callable[[int], T], seeds: Sequence[int],
     raised, with that exception's traceback; a child that died without answering is an
     AssertionError too. Without ``os.fork`` (or with one process) it runs in this process.
     """
-    n = min(processes or len(os.sched_getaffinity(0)), len(seeds))
-    if n <= 1 or not hasattr(os, "fork"):
-        return [_checked(check, s) for s in seeds]
-    slices = [list(seeds[k::n]) for k in range(n)]
+    n = min(processes or len(os.sched_getaffinity(0)), len(seeds)) if hasattr(os, "fork") else 1
+    slices = [list(seeds[k::max(n, 1)]) for k in range(max(n, 1))]  # this process: the first
     children = []
     for part in slices[1:]:
         read, write = os.pipe()
@@ -78,9 +76,3 @@ def _answers(check: Callable[[int], T], seeds: list[int]) -> list[tuple[int, boo
             break
     return got
 
-
-def _checked(check: Callable[[int], T], seed: int) -> T:
-    try:
-        return check(seed)
-    except Exception as exc:
-        raise AssertionError(f"seed {seed} failed: {exc!r}") from exc
