@@ -26,3 +26,20 @@ def mpirun(ranks: int, script: str, *args: str, timeout: int = MPI_TIMEOUT,
     cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", script, *args]
     return subprocess.run(cmd, env=env, cwd=cwd or ROOT, capture_output=True, text=True,
                           timeout=timeout + 30)
+
+
+def shm_segments() -> set[str]:
+    """The MPICH shared-memory files in ``/dev/shm`` now, by path."""
+    from canary.mpich_shm import PREFIX, SHM_FOLDER
+
+    return {os.path.join(SHM_FOLDER, n) for n in os.listdir(SHM_FOLDER) if n.startswith(PREFIX)}
+
+
+def shm_left_behind(before: set[str]) -> set[str]:
+    """The MPICH files made since ``before`` (a :func:`shm_segments`) that no process maps:
+    what a job left behind. A job running beside the test (another test run, a user's job)
+    maps its own file, so it is not counted."""
+    from canary.mpich_shm import _mapped_anywhere
+
+    new = shm_segments() - before
+    return new - _mapped_anywhere() if new else set()

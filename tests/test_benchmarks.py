@@ -6,7 +6,6 @@ Speed is never asserted here: only shapes, keys and answers.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, shm_left_behind, shm_segments
 
 
 def run_bench(script: str, *args: str, timeout: int = 300) -> list[dict]:
@@ -552,16 +551,11 @@ def test_snapshot_quick_prints_write_overhead_recovery_and_summary() -> None:
 
 
 def test_ulfm_probe_reports_each_setting_and_whether_any_recovered() -> None:
-    from canary.mpich_shm import PREFIX, SHM_FOLDER
-
-    def segments() -> set[str]:
-        return {n for n in os.listdir(SHM_FOLDER) if n.startswith(PREFIX)}
-
-    before = segments()
+    before = shm_segments()
     # the ranks import only mpi4py and start in well under a second; the setting whose
     # survivors hang costs the whole timeout
     rows = run_bench("ulfm_probe.py", "--timeout", "6")
-    assert segments() - before == set()  # the killed ranks' shared memory is not left behind
+    assert shm_left_behind(before) == set()  # the killed ranks' shared memory is not left behind
     assert [r["setting"] for r in rows[:-1]] == ["plain", "no_cleanup", "ft"]
     assert rows[-1]["ulfm_works"] == any(r["recovered"] for r in rows[:-1])
     # what docs/fault-tolerance.md says of the mpich wheel: no setting recovers

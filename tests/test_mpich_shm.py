@@ -15,12 +15,11 @@ from pathlib import Path
 
 from canary.mpich_shm import (
     PREFIX,
-    SHM_FOLDER,
     mapped_segments,
     remove_orphans,
     remove_stale,
 )
-from tests.conftest import ROOT, mpirun
+from tests.conftest import ROOT, mpirun, shm_left_behind, shm_segments
 
 MAPS = """\
 7f00-7f10 rw-s 00000000 00:1a 1001 /dev/shm/mpich_shm_97852cf1_0
@@ -92,33 +91,29 @@ def test_a_file_still_mapped_by_an_exiting_rank_goes_once_it_has_exited(tmp_path
     assert holder.wait(timeout=10) == 0 and not path.exists()
 
 
-def _segments() -> set[str]:
-    return {name for name in os.listdir(SHM_FOLDER) if name.startswith(PREFIX)}
-
-
 def test_a_job_that_aborts_leaves_no_shared_memory_behind() -> None:
-    before = _segments()
+    before = shm_segments()
     r = mpirun(3, "tests/drivers/failing_kernel.py")
     assert r.returncode != 0 and "kernel blew up on purpose" in r.stderr, r.stderr[-2000:]
-    assert _segments() - before == set()
+    assert shm_left_behind(before) == set()
 
 
 def test_a_driver_that_rejects_its_input_leaves_no_shared_memory_behind() -> None:
-    before = _segments()
+    before = shm_segments()
     r = mpirun(3, "apps/logistic_regression.py", "--input", "/nonexistent/data.svm")
     assert r.returncode == 2 and "no such file" in r.stderr, r.stderr[-2000:]
-    assert _segments() - before == set()
+    assert shm_left_behind(before) == set()
 
 
 def test_a_job_that_loses_a_rank_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
-    before = _segments()
+    before = shm_segments()
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout",
                              "120", "apps/logistic_regression.py", "--generate", "20000,10",
                              "--max-iter", "100000", "--tol", "1e-300"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("canary-run-*/start-2.json")) or _segments() == before:
+    while not list(tmp_path.glob("canary-run-*/start-2.json")) or shm_segments() == before:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     start = json.loads(next(tmp_path.glob("canary-run-*/start-2.json")).read_text())
@@ -126,4 +121,4 @@ def test_a_job_that_loses_a_rank_leaves_no_shared_memory_behind(tmp_path: Path) 
     os.kill(int(start["pid"]), signal.SIGKILL)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 128 + signal.SIGKILL and b"killed by SIGKILL" in err, err
-    assert _segments() - before == set()
+    assert shm_left_behind(before) == set()
