@@ -19,6 +19,11 @@ class TaskError(CanaryError):
     """A task (kernel, loader, signal or gather function) raised; the message names rank, stage and partition."""
 
 
+class GatherError(CanaryError, ValueError):
+    """A built-in gather (``"sum"``, ``"concat"``) got pieces it cannot combine: their shapes
+    differ where the gather needs them alike."""
+
+
 class JobAborted(CanaryError):
     """Another rank failed and the controller aborted the job."""
 
@@ -31,3 +36,13 @@ class ProgramMismatchError(JobAborted):
 class JobStopped(CanaryError):
     """An in-process run stopped on purpose before its end (``run_local(stop_after=...)``), as a
     crash would stop it: the tests of resuming from snapshots use it."""
+
+
+def user_error_line(name: str, exc: BaseException) -> str | None:
+    """The one line, ``NAME: error: MESSAGE``, that a driver's own mistake escaping it is
+    reported as: a :class:`CanaryError` raised while declaring or reading input, whose message
+    already says where. None for anything else, a failed job (:class:`TaskError`,
+    :class:`JobAborted`) included: its traceback is kept."""
+    if not isinstance(exc, CanaryError) or isinstance(exc, (TaskError, JobAborted)):
+        return None
+    return f"{name}: error: {exc}"

@@ -96,6 +96,32 @@ def test_wrong_result_shape_is_reported_not_silently_used() -> None:
         canary.run_local(q, workers=2)
 
 
+@pytest.mark.parametrize("n", [3, 20_000])  # moved inline (small) or by a gather task (large)
+@pytest.mark.parametrize("odd", [1, 4])  # one element would broadcast over the others silently
+def test_pieces_a_builtin_gather_cannot_combine_fail_the_stage(n: int, odd: int) -> None:
+    def shapes_vary(i: int, _: int) -> np.ndarray:
+        return np.ones(n if i != 2 else odd)
+
+    p = Program("sum")
+    a, s = p.dataset("a", 4), p.dataset("s", 1)
+    p.load([a], shapes_vary)
+    p.reduce(a, s)
+    p.report(s)
+    said = rf"2 x \({n},\) float64, \({odd},\) float64, \({n},\) float64 \(in source-partition"
+    with pytest.raises(TaskError, match=rf"stage 'reduce_a' \(id 1\), gather task on partition 0 "
+                                        rf"failed:\na 'sum' gather adds pieces of one shape.*{said}"):
+        canary.run_local(p, workers=2)
+    q = Program("concat")
+    a, b = q.dataset("a", 4), q.dataset("b", 1)
+    q.load([a], lambda i, _: shapes_vary(i, _).reshape(1, -1))
+    q.scatter_gather(a, b, lambda v: [v], "concat", name="rows", one_piece=True)
+    q.report(b)
+    with pytest.raises(TaskError, match=r"stage 'rows' \(id 1\), gather task on partition 0 "
+                                        r"failed:\na 'concat' gather stacks pieces along their "
+                                        r"first axis, so their other axes must match"):
+        canary.run_local(q, workers=2)
+
+
 def test_signal_must_return_a_bool() -> None:
     p = Program("sig")
     c = p.dataset("c", 1)

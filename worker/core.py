@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from canary.messages import Piece, PieceBatch, Send, Signal, TaskDone, Yield
+from canary.messages import Piece, PieceBatch, Send, Signal, TaskDone, TaskFailed, Yield
 from canary.partition_map import PartitionMap
 from canary.program import Program, Stage
 from canary.worker.config import WorkerConfig
@@ -142,6 +142,9 @@ class WorkerCore:
 
     # ---------------------------------------------------------------- offered by the parts
     def _on_task_done(self, ev: TaskDone, out: list[Any]) -> None:  # WorkerState
+        raise NotImplementedError
+
+    def _on_task_failed(self, ev: TaskFailed, out: list[Any]) -> None:  # WorkerState
         raise NotImplementedError
 
     def _ready(self, t: Task, out: list[Any]) -> None:  # AccessQueues

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from time import perf_counter
@@ -16,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from canary.errors import CanaryError
 from canary.messages import TaskDone, TaskFailed
 from canary.worker.chain import CHAINS, is_compile_error
 from canary.worker.state import WorkerState
@@ -29,6 +27,7 @@ from canary.worker.tasks import (
     K_SIGNAL,
     Stretch,
     Task,
+    failure_text,
 )
 
 
@@ -242,11 +241,11 @@ def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None) 
     canary's own errors (unreadable input read inside a task) are said in one line, since
     canary's frames would say nothing to the user."""
     exc = sys.exc_info()[1]
-    where = f"rank {state.rank} (worker {state.worker}): {label or task.label()}"
+    assert exc is not None
+    label = label or task.label()
     if isinstance(exc, ResultError):
-        return TaskFailed(eid, task, f"{where} {exc}")
-    why = str(exc) if isinstance(exc, CanaryError) else traceback.format_exc()
-    return TaskFailed(eid, task, f"{where} failed:\n{why}")
+        return TaskFailed(eid, task, f"rank {state.rank} (worker {state.worker}): {label} {exc}")
+    return TaskFailed(eid, task, failure_text(state.rank, state.worker, label, exc))
 
 
 def _outputs(writes: tuple[Any, ...], res: Any) -> tuple[np.ndarray, ...]:

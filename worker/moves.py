@@ -8,15 +8,17 @@ whose sender knows a newer placement than it does, *accepts* it if it owns the p
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any
 
 import numpy as np
 
-from canary.messages import Piece, PieceBatch, TaskDone, worker_rank
+from canary.errors import GatherError
+from canary.messages import Piece, PieceBatch, TaskDone, TaskFailed, worker_rank
 from canary.partition_map import ACCEPT, HOLD, route_incoming
 from canary.program import Stage
 from canary.worker.core import WorkerCore
-from canary.worker.tasks import K_COMPUTE, K_FUSED, K_GATHER, K_SCATTER, Task
+from canary.worker.tasks import K_COMPUTE, K_FUSED, K_GATHER, K_SCATTER, Task, failure_text
 
 
 class DataMoves(WorkerCore):
@@ -178,7 +180,13 @@ class DataMoves(WorkerCore):
             st = t.stage
             if t.kind is K_GATHER:
                 assert t.pieces is not None
-                res: Any = GATHERS[st.gather]([t.pieces[s] for s in st.sources[t.part]])
+                try:
+                    res: Any = GATHERS[st.gather]([t.pieces[s] for s in st.sources[t.part]])
+                except GatherError as exc:  # as the gather task would have failed
+                    q.clear()
+                    failed = failure_text(self.rank, self.worker, t.label(), exc)
+                    self._on_task_failed(TaskFailed(0, t, failed), out)
+                    return
             else:
                 # a copy, as a scatter task's piece: a local gather may get it, and a later
                 # in-place kernel must not change it there
@@ -191,10 +199,22 @@ class DataMoves(WorkerCore):
 
 
 def gather_sum(pieces: list[np.ndarray]) -> np.ndarray:
-    """Element-wise sum in the order given (source-partition order: deterministic)."""
-    acc = np.array(pieces[0], dtype=np.result_type(pieces[0]), copy=True)
-    for p in pieces[1:]:
-        acc += p
+    """Element-wise sum in the order given (source-partition order: deterministic).
+
+    Raises :class:`GatherError` if the pieces' shapes differ (numpy would broadcast a piece of
+    one element over the others, a silent wrong answer) or a piece cannot be added in the first
+    piece's dtype."""
+    first = pieces[0]
+    acc = np.array(first, dtype=np.result_type(first), copy=True)
+    shape = acc.shape
+    try:
+        for p in pieces[1:]:
+            if p.shape != shape:
+                raise ValueError
+            acc += p
+    except (ValueError, TypeError):
+        raise GatherError(f"a 'sum' gather adds pieces of one shape and dtype, got "
+                          f"{_describe(pieces)}; make every piece the same shape") from None
     return acc
 
 
@@ -204,8 +224,23 @@ def gather_replace(pieces: list[np.ndarray]) -> np.ndarray:
 
 
 def gather_concat(pieces: list[np.ndarray]) -> np.ndarray:
-    """Pieces stacked along axis 0 in source order."""
-    return np.concatenate(pieces, axis=0)
+    """Pieces stacked along axis 0 in source order.
+
+    Raises :class:`GatherError` if a piece has no axis 0 or the pieces' other axes differ."""
+    try:
+        return np.concatenate(pieces, axis=0)
+    except ValueError:
+        raise GatherError(f"a 'concat' gather stacks pieces along their first axis, so their "
+                          f"other axes must match, got {_describe(pieces)}") from None
+
+
+def _describe(pieces: list[np.ndarray]) -> str:
+    """The pieces' shapes and dtypes in source-partition order, a run of alike ones said once
+    with its length."""
+    runs = [(len(list(run)), shape, dtype)
+            for (shape, dtype), run in groupby((p.shape, p.dtype) for p in pieces)]
+    return ", ".join(f"{n} x {shape} {dtype}" if n > 1 else f"{shape} {dtype}"
+                     for n, shape, dtype in runs) + " (in source-partition order)"
 
 
 GATHERS: dict[Any, Any] = {"sum": gather_sum, "replace": gather_replace, "concat": gather_concat}

@@ -3,11 +3,13 @@ worker's own instruction :class:`RunTask`."""
 
 from __future__ import annotations
 
+import traceback
 from collections import deque
 from typing import Any
 
 import numpy as np
 
+from canary.errors import CanaryError
 from canary.messages import Instruction
 from canary.program import Stage
 
@@ -52,6 +54,14 @@ class Task:
 
     def __repr__(self) -> str:
         return f"Task({self.tid}, seq={self.seq}, {self.stage.name}/{self.kind}[{self.part}])"
+
+
+def failure_text(rank: int, worker: int, label: str, exc: BaseException) -> str:
+    """What a failed task says: where (rank, worker, the task's ``label``), then the user
+    code's traceback, or only the message of canary's own errors, whose frames would say
+    nothing to the user. Call it while ``exc`` is being handled (the traceback is its)."""
+    why = str(exc) if isinstance(exc, CanaryError) else traceback.format_exc()
+    return f"rank {rank} (worker {worker}): {label} failed:\n{why}"
 
 
 class Partition:
