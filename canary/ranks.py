@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from canary.errors import user_error_line
 from canary.mpich_shm import release_own_segments
 from canary.sentinel import (
     RUN_DIR,
@@ -216,10 +217,18 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as exc:
         _abort_at_exit(exc)
         raise
-    except BaseException:
-        if not (run is not None and run.end(1)):
-            _abort_at_exit(1)
-        raise
+    except BaseException as exc:
+        # a driver written at the top level, not in a main() that run_main calls, gets the
+        # same one line for its declaration mistakes
+        line = user_error_line(Path(args[0]).stem, exc)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+        status = 1 if line is None else 2
+        if not (run is not None and run.end(status)):
+            _abort_at_exit(status)
+        if line is None:
+            raise
+        raise SystemExit(status) from None
     leave()
 
 

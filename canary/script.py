@@ -8,7 +8,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from canary.errors import CanaryError, JobAborted, TaskError
+from canary.errors import CanaryError, user_error_line
 from canary.ranks import abort_job, active_mpi, end_rank, leave
 
 
@@ -81,9 +81,10 @@ def _call_main(module: object, name: str, argv: list[str] | None) -> int:
     try:
         return int(module.main(argv))  # type: ignore[attr-defined]
     except CanaryError as exc:
-        if isinstance(exc, (TaskError, JobAborted)):  # the job failed, not its declaration
+        line = user_error_line(name, exc)
+        if line is None:  # the job failed, not its declaration
             raise
-        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
         return 2
 
 

@@ -560,11 +560,13 @@ def test_an_argument_error_and_help_print_once() -> None:
     assert h.returncode == 0 and h.stdout.count("usage:") == 1 and h.stderr == ""
 
 
-def test_a_declaration_error_is_one_line_without_traceback() -> None:
-    r = canary_run(str(DRIVERS / "declaration_error.py"))
+@pytest.mark.parametrize("driver", ["declaration_error", "declaration_error_top_level"])
+def test_a_declaration_error_is_one_line_without_traceback(driver: str) -> None:
+    # in a main() that run_main calls, or at the top level of the script
+    r = canary_run(str(DRIVERS / f"{driver}.py"))
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
-        "declaration_error: error: load '<lambda>': dataset 'a' has 2 partitions but 'b' has 3; "
+        f"{driver}: error: load '<lambda>': dataset 'a' has 2 partitions but 'b' has 3; "
         "all datasets of a stage must be partitioned alike (use scatter_gather to move data "
         "between partitionings)"]
 
