@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -23,7 +24,7 @@ from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.local_runner import run_local
 from canary.program import Program
-from canary.ranks import abort_job, rank_in_job
+from canary.ranks import RankRun, abort_job, rank_in_job
 from canary.result import JobResult
 from canary.snapshot import Manifest, SnapshotConfig, check_resumable, read_manifest
 from canary.trace import Tracer, gather_and_write, trace_level, trace_path
@@ -91,9 +92,13 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         abort_job(given, 1, linger=1.0 if rank == 0 else 5.0)
     resume_from = resume_snapshot(program)  # every rank alike: an error ends each the same way
     comm = given
+    joined = False
+    job = next(_JOBS)
     try:
-        rank_in_job(True)  # a rank whose driver fails meanwhile aborts the job at once
-        _join(given, startup_timeout)
+        # a rank whose driver fails meanwhile aborts the job at once
+        recorded = rank_in_job(True, job)
+        _join(given, startup_timeout, program.name, job if recorded else None)
+        joined = True
         # The engine talks on its own copy of the communicator: a driver that also uses the one
         # it passed (COMM_WORLD, say) cannot receive canary's messages or collide with its tags.
         comm = given.Dup()
@@ -127,7 +132,11 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         # Rank 0 printed the reason before it told the workers, and ends every rank a second
         # later. A worker told to abort waits for that, and ends the job itself if rank 0 has
         # not within 5 s: once in tens of jobs, rank 0's MPI_Abort prints hydra's line and rank
-        # 0 exits, yet hydra leaves the other ranks running.
+        # 0 exits, yet hydra leaves the other ranks running. A worker that found out while
+        # joining that rank 0 has ended its driver exits: MPI_Abort can return once rank 0 has
+        # finalized MPI, and the job ended (in MPI's view) with rank 0.
+        if rank != 0 and not joined:
+            raise SystemExit(1) from None
         abort_job(comm, 1, linger=1.0 if rank == 0 else 5.0)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
         print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,
@@ -190,38 +199,74 @@ def move_policy(environ: Mapping[str, str], n_workers: int, balance: bool) -> An
 
 # A tag within the range every MPI allows (up to 32767), used once per rank before the Dup.
 JOIN_TAG = 32761
+_JOBS = itertools.count(1)  # this process's runs (canary.run calls), numbered
 
 
-def _join(comm: Any, timeout: float) -> None:
-    """Return once every rank of ``comm`` has entered :func:`run`.
+def _join(comm: Any, timeout: float, program: str = "", job: int | None = None) -> None:
+    """Return once every rank of ``comm`` has entered :func:`run` (of ``program``, by name).
 
     Workers tell rank 0 they are here; rank 0 waits at most ``timeout`` seconds (the
     environment variable ``CANARY_STARTUP_TIMEOUT``, default 120) and otherwise raises
     :class:`JobAborted` naming the ranks that never came: a driver that failed on one rank
     while declaring would leave the others blocked forever in the collective ``Dup`` when the
     job was not launched through ``python -m mpi4py`` (which ends every rank when one fails).
-    """
-    from mpi4py import MPI
 
+    Launched by ``canary run``, this rank has recorded that it entered its ``job``-th run
+    (None: it could not record), and a rank that ran fewer programs than the others is found
+    out at once: rank 0 raises when a worker it waits for has ended its driver, and a worker
+    tells rank 0 it is here only once rank 0 has entered the same job, raising if rank 0 ended
+    its driver instead (a message rank 0 never receives would make its ``MPI_Finalize``
+    fail). The reason is printed by rank 0, or by the first worker still in its driver.
+    """
     rank, size = comm.Get_rank(), comm.Get_size()
+    run = RankRun.from_environ() if job is not None else None
+    why = ": every rank must call canary.run for the same programs in the same order (is a " \
+          "canary.run inside a branch on a result? a result is None on every rank but 0)"
     if rank != 0:
+        if run is not None and run.started(0):  # rank 0's records are seen here
+            backoff = Backoff(max_sleep=2e-3)
+            look = time.monotonic() + 0.1
+            while run.job_of(0) != job:
+                if time.monotonic() > look:
+                    look = time.monotonic() + 0.1
+                    ended = run.ended_well()
+                    if 0 in ended:
+                        reason = ("rank 0 (the controller) ended its driver without running "
+                                  f"program '{program}', which the workers run{why}")
+                        if rank == min(set(range(1, size)) - ended):  # one worker says it
+                            print(f"canary: job aborted: {reason}", file=sys.stderr, flush=True)
+                        raise JobAborted(reason)
+                backoff.sleep()
         comm.send(None, dest=0, tag=JOIN_TAG)  # a few bytes: sent eagerly, returns at once
         return
+    from mpi4py import MPI
+
     missing = set(range(1, size))
     status = MPI.Status()
     backoff = Backoff(max_sleep=1e-2)
-    end = time.monotonic() + timeout
+    start = time.monotonic()
+    end, look = start + timeout, start + 0.1
     while missing:
         if comm.Iprobe(MPI.ANY_SOURCE, JOIN_TAG, status):
             src = status.Get_source()
             comm.recv(source=src, tag=JOIN_TAG)
             missing.discard(src)
-        elif time.monotonic() > end:
+            continue
+        now = time.monotonic()
+        ended = set()
+        if run is not None and now > look:
+            look = now + 0.1
+            ended = run.ended_well() & missing
+        if ended:
+            reason = (f"rank(s) {sorted(ended)} ended their driver without running program "
+                      f"'{program}', which rank 0 runs{why}")
+        elif now > end:
             reason = (f"rank(s) {sorted(missing)} never started the program within "
                       f"{timeout:.0f} s (did the driver fail there while declaring? launch "
                       "with `canary run` or `mpiexec ... python -m mpi4py` so that a failure "
                       "on any rank ends the whole job)")
-            print(f"canary: job aborted: {reason}", file=sys.stderr, flush=True)
-            raise JobAborted(reason)
         else:
             backoff.sleep()
+            continue
+        print(f"canary: job aborted: {reason}", file=sys.stderr, flush=True)
+        raise JobAborted(reason)

@@ -157,16 +157,41 @@ class RankRun:
                 return False
             time.sleep(0.05)
 
-    def in_job(self, inside: bool) -> None:
-        """Record that this rank has entered the job (``inside``: it now waits for every other
-        rank to join it) or has left it. Never raises."""
-        if inside:
-            write_record(self.folder, "joined", self.rank, {"rank": self.rank})
-        else:
+    def ended_well(self) -> set[int]:
+        """The ranks whose driver has ended with status 0 (recorded by :meth:`end`)."""
+        done = set()
+        for r in range(self.ranks):
             try:
-                os.remove(record_path(self.folder, "joined", self.rank))
-            except OSError:
-                pass
+                with open(record_path(self.folder, "end", r)) as f:
+                    if json.load(f).get("status") == 0:
+                        done.add(r)
+            except (OSError, ValueError, AttributeError):
+                continue
+        return done
+
+    def in_job(self, inside: bool, job: int = 0) -> bool:
+        """Record that this rank has entered job ``job`` (its ``job``-th ``canary.run``;
+        ``inside``: it now waits for every other rank to join it) or has left it. Returns
+        whether it could record. Never raises."""
+        if inside:
+            return write_record(self.folder, "joined", self.rank, {"rank": self.rank, "job": job})
+        try:
+            os.remove(record_path(self.folder, "joined", self.rank))
+        except OSError:
+            pass
+        return True
+
+    def job_of(self, rank: int) -> int | None:
+        """The job ``rank`` has entered (see :meth:`in_job`), or None if it is in none."""
+        try:
+            with open(record_path(self.folder, "joined", rank)) as f:
+                return int(json.load(f)["job"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def started(self, rank: int) -> bool:
+        """Whether ``rank`` has recorded its start here (so its records can be seen)."""
+        return os.path.exists(record_path(self.folder, "start", rank))
 
 
 def end_rank(status: int, environ: Mapping[str, str] = os.environ) -> bool:
@@ -178,12 +203,11 @@ def end_rank(status: int, environ: Mapping[str, str] = os.environ) -> bool:
     return run is not None and run.end(status)
 
 
-def rank_in_job(inside: bool, environ: Mapping[str, str] = os.environ) -> None:
-    """Record that this rank entered or left the job (see :meth:`RankRun.in_job`); does
-    nothing when the process was not launched by ``canary run``."""
+def rank_in_job(inside: bool, job: int = 0, environ: Mapping[str, str] = os.environ) -> bool:
+    """Record that this rank entered or left job ``job`` (see :meth:`RankRun.in_job`); returns
+    whether it could (False when the process was not launched by ``canary run``)."""
     run = RankRun.from_environ(environ)
-    if run is not None:
-        run.in_job(inside)
+    return run is not None and run.in_job(inside, job)
 
 
 def exit_status(exc: SystemExit) -> int:
@@ -241,7 +265,7 @@ def active_mpi() -> Any:
     return mpi
 
 
-def abort_job(comm: Any, code: int, linger: float) -> None:
+def abort_job(comm: Any, code: int, linger: float) -> NoReturn:
     """MPI_Abort the job with ``code`` after ``linger`` seconds, this rank's MPICH shared
     memory released first (:mod:`canary.mpich_shm`).
 
@@ -254,6 +278,12 @@ def abort_job(comm: Any, code: int, linger: float) -> None:
     sys.stdout.flush()
     time.sleep(linger)
     comm.Abort(code)
+    # MPICH's MPI_Abort returns when the other ranks have already finalized MPI (they ended
+    # their drivers): end this one, as the abort would have, saying so to `canary run`
+    run = RankRun.from_environ()
+    if run is not None:
+        run.end(code, wait=0.0)
+    os._exit(code)
 
 
 def _abort_at_exit(status: int | BaseException) -> None:

@@ -571,6 +571,27 @@ def test_a_declaration_error_is_one_line_without_traceback(driver: str) -> None:
         "between partitionings)"]
 
 
+@pytest.mark.parametrize("fewer,ranks", [("workers", 2), ("rank0", 3)])
+def test_ranks_that_run_fewer_programs_end_the_job_at_once_saying_so(fewer: str,
+                                                                     ranks: int) -> None:
+    # before: the others waited CANARY_STARTUP_TIMEOUT (120 s), then blamed a failed start
+    r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", str(ranks), "--timeout",
+                        "60", str(DRIVERS / "uneven_runs.py"),
+                        "rank0" if fewer == "workers" else "workers"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    workers = list(range(1, ranks + 1))
+    said = (f"rank(s) {workers} ended their driver without running program 'second', which "
+            "rank 0 runs" if fewer == "workers" else
+            "rank 0 (the controller) ended its driver without running program 'again', which "
+            "the workers run")
+    lines = r.stderr.splitlines()
+    assert lines[0] == f"canary: job aborted: {said}: every rank must call canary.run for the " \
+        "same programs in the same order (is a canary.run inside a branch on a result? a " \
+        "result is None on every rank but 0)", r.stderr
+    assert "Traceback" not in r.stderr and len(lines) <= 2, r.stderr
+
+
 def test_malformed_input_read_by_a_task_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.svm"
     bad.write_text("1 1:0.5 2:1.0\n0 1:0.25 2:oops\n1 1:1.0 2:2.0\n")
