@@ -26,14 +26,27 @@ class JobResult:
     events: int = 0  # events the in-process runner handled (0 over MPI)
 
     def value(self, name: str) -> np.ndarray:
-        """The single partition of reported one-partition dataset ``name``."""
-        if name not in self.results:
-            raise KeyError(f"dataset '{name}' was never reported; add program.report({name!r}...)")
-        return self.results[name][0]
+        """The single partition of reported one-partition dataset ``name``.
+
+        Raises KeyError if ``name`` was not reported, ValueError if it has several partitions
+        (:meth:`concat` stacks them)."""
+        parts = self._reported(name)
+        if len(parts) != 1:
+            raise ValueError(f"dataset '{name}' has {len(parts)} partitions: value() is for a "
+                             f"one-partition dataset; concat({name!r}) stacks them, "
+                             f"results[{name!r}] lists them")
+        return parts[0]
 
     def concat(self, name: str) -> np.ndarray:
-        """All partitions of reported dataset ``name`` stacked along axis 0."""
-        return np.concatenate(self.results[name], axis=0)
+        """All partitions of reported dataset ``name`` stacked along axis 0. Raises KeyError
+        if ``name`` was not reported."""
+        return np.concatenate(self._reported(name), axis=0)
+
+    def _reported(self, name: str) -> list[np.ndarray]:
+        if name not in self.results:
+            raise KeyError(f"dataset '{name}' was not reported: declare p.report(dataset) in the "
+                           f"program (reported: {', '.join(sorted(self.results)) or 'none'})")
+        return self.results[name]
 
     @property
     def scheduling_messages(self) -> int:

@@ -122,6 +122,25 @@ def test_pieces_a_builtin_gather_cannot_combine_fail_the_stage(n: int, odd: int)
         canary.run_local(q, workers=2)
 
 
+def test_a_result_names_what_was_not_reported_and_what_has_several_partitions() -> None:
+    p = Program("reported")
+    a, s = p.dataset("a", 3), p.dataset("s", 1)
+    p.load([a], lambda i, n: np.full(2, float(i)))
+    p.reduce(a, s)
+    p.report(a)
+    result = canary.run_local(p, workers=2)
+    np.testing.assert_array_equal(result.concat("a"), [0, 0, 1, 1, 2, 2])
+    with pytest.raises(KeyError, match=r"dataset 's' was not reported: declare p.report\(dataset\) "
+                                       r"in the program \(reported: a\)"):
+        result.value("s")
+    with pytest.raises(KeyError, match="dataset 'x' was not reported"):
+        result.concat("x")
+    # not partition 0 alone, silently
+    with pytest.raises(ValueError, match=r"dataset 'a' has 3 partitions: value\(\) is for a "
+                                         r"one-partition dataset; concat\('a'\) stacks them"):
+        result.value("a")
+
+
 def test_signal_must_return_a_bool() -> None:
     p = Program("sig")
     c = p.dataset("c", 1)
