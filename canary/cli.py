@@ -265,9 +265,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("cluster", "submit", "jobs", "logs", "cancel"):  # see canary.pool.cli
         sub.add_parser(name, help=f"a pool shared by jobs (see `canary {name} --help`)")
     sub.add_parser("doctor", help="check the hosts before a long run (see `canary doctor --help`)")
-    args = ap.parse_args(argv)
-    if args.restarts < 0 or args.keep < 1 or args.checkpoint_every < 0:
-        ap.error("--restarts must be >= 0, --keep >= 1 and --checkpoint-every >= 0")
+    args, unknown = ap.parse_known_args(argv)
+    # `canary run`'s own usage for its mistakes, not the list of canary's commands
+    if unknown:
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command == "run":
+        if args.restarts < 0 or args.keep < 1 or args.checkpoint_every < 0:
+            r.error("--restarts must be >= 0, --keep >= 1 and --checkpoint-every >= 0")
+        if args.timeout is not None and args.timeout < 1:
+            r.error(f"--timeout must be at least 1 second, got {args.timeout} (leave it out "
+                    "for no time limit)")
     try:
         return _run(args)
     except SnapshotError as exc:

@@ -58,6 +58,23 @@ def test_bad_invocations_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
     assert "at least 1 worker" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad,says", [
+    (["--timeout", "-5"], "--timeout must be at least 1 second, got -5 (leave it out for no "
+                          "time limit)"),
+    (["--timeout", "0"], "--timeout must be at least 1 second, got 0"),
+    (["--keep", "0"], "--restarts must be >= 0, --keep >= 1"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_bad_run_option_is_said_with_canary_runs_usage(
+        bad: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # a time limit of 0 or less used to mean none at all, silently
+    with pytest.raises(SystemExit) as stop:
+        main(["run", *bad, "apps/power_iteration.py"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"canary run: error: {says}" in err
+    assert err.startswith("usage: canary run ")
+
+
 def test_canary_run_executes_the_default_example_end_to_end() -> None:
     env = dict(os.environ, MPIEXEC_TIMEOUT="120")
     r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout", "120",
