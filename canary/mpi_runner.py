@@ -90,7 +90,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         # rank 0 ends the job a second later; the others end it themselves if hydra lost that
         # abort (see the JobAborted case below)
         abort_job(given, 1, linger=1.0 if rank == 0 else 5.0)
-    resume_from = resume_snapshot(program)  # every rank alike: an error ends each the same way
+    resume_from = resume_snapshot(program, size - 1)  # every rank alike: an error ends each the same way
     comm = given
     joined = False
     job = next(_JOBS)
@@ -158,15 +158,16 @@ def checkpoint_config(environ: Mapping[str, str]) -> SnapshotConfig | None:
                           tuple(sys.argv[1:]))
 
 
-def resume_snapshot(program: Program) -> Manifest | None:
-    """The snapshot ``CANARY_RESUME`` names, checked against ``program`` (None if unset).
+def resume_snapshot(program: Program, workers: int) -> Manifest | None:
+    """The snapshot ``CANARY_RESUME`` names, checked against ``program`` run on ``workers``
+    (None if unset).
     Raises :class:`canary.snapshot.SnapshotError` if it cannot be read or is of another
     program."""
     folder = os.environ.get(RESUME_ENV, "").strip()
     if not folder:
         return None
     snap = read_manifest(folder)
-    check_resumable(snap, program.digest, program.statements())
+    check_resumable(snap, program.digest, program.statements(), workers)
     return snap
 
 

@@ -373,18 +373,28 @@ def describe(snap: Manifest) -> dict[str, Any]:
             "checksums": "ok" if not problems else "damaged: " + "; ".join(problems)}
 
 
-def check_resumable(snap: Manifest, digest: str, statements: list[str]) -> None:
+def check_resumable(snap: Manifest, digest: str, statements: list[str],
+                    workers: int | None = None) -> None:
     """Raise SnapshotMismatchError naming the first difference if the declared program (its
-    digest and statements) is not the one ``snap`` was taken of."""
+    digest and statements) is not the one ``snap`` was taken of. Given the ``workers`` of the
+    run that resumes, a dataset's partition count that changed with the number of workers is
+    said to be that, with what to call instead."""
     if snap.data["digest"] == digest:
         return
     theirs = list(snap.data.get("statements", []))
     for k, (a, b) in enumerate(zip(theirs, statements)):
         if a != b:
+            why = (" (resume with the script and arguments it was taken with, or start afresh "
+                   "without --resume)")
+            if workers is not None and snap.workers != workers and a.startswith("dataset ") \
+                    and a.split("/")[0] == b.split("/")[0]:
+                why = (f": the snapshot was taken on {snap.workers} workers and this run has "
+                       f"{workers}; a partition count computed from the number of ranks changes "
+                       "with it. Compute it from canary.driver.planned_workers(comm), which is "
+                       "the snapshot's number of workers when resuming")
             raise SnapshotMismatchError(
                 f"snapshot {snap.id} in {snap.path} is of another program: statement {k} was "
-                f"'{a}' and is now '{b}' (resume with the script and arguments it was taken "
-                "with, or start afresh without --resume)")
+                f"'{a}' and is now '{b}'{why}")
     raise SnapshotMismatchError(
         f"snapshot {snap.id} in {snap.path} is of another program ({len(theirs)} statements, "
         f"now {len(statements)}); resume with the script and arguments it was taken with")

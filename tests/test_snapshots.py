@@ -228,6 +228,24 @@ def test_resuming_another_program_or_other_arguments_is_a_clear_error(
     with pytest.raises(SnapshotMismatchError,
                        match=r"statement \d+ was '\('while', 5, 12, 13\)' and is now '\('while', 5, 13"):
         canary.run_local(lr.build(args, 2)[0], workers=2, resume=snap)
+    # a partition count computed from the job's ranks: the error says what to compute it from
+    from canary.snapshot import check_resumable
+
+    def per_worker(workers: int) -> canary.Program:
+        p = canary.Program("per_worker")
+        p.load([p.dataset("a", 2 * workers)], lambda i, n: np.zeros(1))
+        return p
+
+    taken = per_worker(snap.workers)
+    snap.data["digest"], snap.data["statements"] = taken.digest, taken.statements()
+    now = per_worker(snap.workers + 1)
+    with pytest.raises(SnapshotMismatchError, match=rf"statement 0 was 'dataset a/{2 * snap.workers}"
+                       rf"' and is now 'dataset a/{2 * snap.workers + 2}': the snapshot was taken "
+                       rf"on {snap.workers} workers and this run has {snap.workers + 1}; .*"
+                       r"canary\.driver\.planned_workers\(comm\)"):
+        check_resumable(snap, now.digest, now.statements(), snap.workers + 1)
+    with pytest.raises(SnapshotMismatchError, match="resume with the script and arguments"):
+        check_resumable(snap, now.digest, now.statements(), snap.workers)
     snap.data["script"], snap.data["args"] = "apps/logistic_regression.py", ["--reg", "1"]
     check_same_job(snap, "apps/logistic_regression.py", ["--reg", "1"])
     with pytest.raises(SnapshotMismatchError, match="argument 2 was '1' and is now '2'"):
