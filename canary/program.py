@@ -105,10 +105,48 @@ class Stage:
 
 
 def _fn_name(fn: Any) -> str:
+    """The function's module and name, with the plain values it captures (see
+    :func:`_captured`)."""
     if fn is None:
         return "-"
     py = getattr(fn, "py_func", fn)  # numba dispatchers wrap the Python function
-    return f"{getattr(py, '__module__', '?')}.{getattr(py, '__qualname__', repr(py))}"
+    return f"{getattr(py, '__module__', '?')}.{getattr(py, '__qualname__', repr(py))}" \
+        f"{_captured(py)}"
+
+
+_PLAIN = (bool, int, float, complex, str, np.generic)
+
+
+def _captured(fn: Any) -> str:
+    """`` [name=value, ...]``: the numbers and strings that ``fn`` reads from its closure or
+    its module's globals, by name; empty if none.
+
+    Part of the statements compared across ranks: a kernel that reads a value which differs
+    between ranks (a global set from the rank, the clock) computes an answer that depends on
+    where its partitions run, and the job must not start. Arrays and other objects are not
+    compared (too costly, or no faithful repr); nor are values read by functions it calls."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    seen: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            seen[name] = cell.cell_contents
+        except ValueError:  # a cell not yet filled
+            continue
+    module = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        if name in module and name not in seen:
+            seen[name] = module[name]
+    said = []
+    for name in sorted(seen):
+        v = seen[name]
+        if isinstance(v, _PLAIN):
+            text = repr(v)
+            if len(text) > 64:
+                text = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+            said.append(f"{name}={text}")
+    return f" [{', '.join(said)}]" if said else ""
 
 
 # Interpreter instructions (tuples keep the interpreter loop cheap).

@@ -146,3 +146,45 @@ def test_digest_is_stable_and_sensitive() -> None:
 
     assert make(4).digest == make(4).digest
     assert make(4).digest != make(5).digest
+
+
+FACTOR = 2.0  # a module global a kernel reads
+
+
+def test_the_digest_covers_the_plain_values_a_kernel_reads() -> None:
+    # a value that differs between ranks (a global set from the rank) would make the answer
+    # depend on where partitions run: it must make the statements differ
+    import numba
+
+    def make(factor: float) -> Program:
+        p = Program("d")
+        a = p.dataset("a", 2)
+        p.load([a], _ones)
+        p.compute(lambda v: v * factor + FACTOR, [a], [a], name="scale")
+        return p
+
+    one, same, other = make(1.0), make(1.0), make(3.0)
+    assert one.digest == same.digest and one.digest != other.digest
+    scale = next(s for s in one.statements() if s.startswith("compute scale"))
+    assert "<lambda> [FACTOR=2.0, factor=1.0] r=a/2" in scale
+    global FACTOR
+    before, FACTOR = FACTOR, 5.0
+    try:
+        assert make(1.0).digest != one.digest
+    finally:
+        FACTOR = before
+
+    # numba kernels by their Python function; arrays and objects are not compared; a long
+    # string by its hash
+    @numba.njit
+    def kernel(v: np.ndarray) -> np.ndarray:
+        return v * FACTOR
+
+    rows, path = np.ones(3), "x" * 100
+    p = Program("e")
+    a = p.dataset("a", 2)
+    p.load([a], lambda i, n: rows[:1] + len(path))
+    p.compute(kernel, [a], [a], name="k")
+    load, k = p.statements()[1:3]
+    assert "kernel [FACTOR=2.0]" in k
+    assert "rows" not in load and f"path='{path}'" not in load and "path=sha256:" in load
