@@ -46,7 +46,8 @@ def test_each_stage_waits_for_the_last_task_of_the_one_before() -> None:
 
 
 def test_the_benchmark_runs_every_section_at_tiny_sizes(tmp_path: object) -> None:
-    r = subprocess.run([sys.executable, "benchmarks/scaling.py", "--quick", "--workers", "1,2",
+    # one worker count: each section's rows and summary, at 6 MPI jobs of the apps, not 9
+    r = subprocess.run([sys.executable, "benchmarks/scaling.py", "--quick", "--workers", "2",
                         "--virtual-workers", "2,4", "--timeout", "120",
                         "--agreement-reps", "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -57,7 +58,7 @@ def test_the_benchmark_runs_every_section_at_tiny_sizes(tmp_path: object) -> Non
     real = [x for x in rows if x.get("section") == "real"]
     assert {(x["mode"], x["app"], x["workers"]) for x in real} == {
         (m, a, w) for m in ("strong", "weak")
-        for a in ("logistic_regression", "kmeans", "pagerank") for w in (1, 2)}
+        for a in ("logistic_regression", "kmeans", "pagerank") for w in (2,)}
     assert all(x["iterations"] == 4 and x["iteration_ms"] > 0 for x in real)
     assert all(x["correct"] for x in rows if x.get("section") == "task_rate")
     virtual = [x for x in rows if x.get("section") == "virtual"]
@@ -67,5 +68,5 @@ def test_the_benchmark_runs_every_section_at_tiny_sizes(tmp_path: object) -> Non
     # the controller's traffic: Hello, Placement, Done, Shutdown-free end, and the reports
     assert all(x["controller_messages"] > 0 for x in virtual)
     summary = rows[-1]
-    assert summary["summary"] == "scaling" and len(summary["virtual_over_real"]) == 6
+    assert summary["summary"] == "scaling" and len(summary["virtual_over_real"]) == 3
     assert all(v > 0 and math.isfinite(v) for v in summary["virtual_over_real"].values())
