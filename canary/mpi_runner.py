@@ -167,7 +167,7 @@ def resume_snapshot(program: Program, workers: int) -> Manifest | None:
     if not folder:
         return None
     snap = read_manifest(folder)
-    check_resumable(snap, program.digest, program.statements(), workers)
+    check_resumable(snap, program.digest, program.statements(), workers, program.sources())
     return snap
 
 

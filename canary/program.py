@@ -114,6 +114,20 @@ def _fn_name(fn: Any) -> str:
         f"{_captured(py)}"
 
 
+def _source_hash(fn: Any) -> str:
+    """16 hex digits of SHA-256 of ``fn``'s source text, or of its bytecode and constants where
+    the source cannot be read (a function made by ``exec``)."""
+    import inspect
+
+    py = getattr(fn, "py_func", fn)
+    try:
+        text = inspect.getsource(py)
+    except (OSError, TypeError):
+        code = getattr(py, "__code__", None)
+        text = repr((code.co_code, code.co_consts)) if code is not None else _fn_name(py)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 _PLAIN = (bool, int, float, complex, str, np.generic)
 
 
@@ -191,6 +205,7 @@ class Program:
         self._last_if: int | None = None
         self._group_of: dict[int, int] | None = None
         self._statements: list[str] | None = None
+        self._sources: dict[str, str] | None = None
 
     # ----------------------------------------------------------------- datasets
     def dataset(self, name: str, partitions: int = 1) -> Dataset:
@@ -508,6 +523,21 @@ class Program:
                 s.describe() for s in self.stages
             ] + [repr(op) for op in self.ops]
         return list(self._statements)
+
+    def sources(self) -> dict[str, str]:
+        """For each stage that runs a function of the driver's (a kernel, loader, signal or
+        custom gather), by the stage's label: a hash of that function's source text (of its
+        bytecode where the source cannot be read). A snapshot records them, so that resuming
+        with a kernel whose code has changed since is refused. Computed once."""
+        if self._sources is None:
+            self.finalize()
+            found = {}
+            for st in self.stages:
+                fns = [f for f in (st.fn, st.gather) if f is not None and not isinstance(f, str)]
+                if fns:
+                    found[st.label()] = ",".join(_source_hash(f) for f in fns)
+            self._sources = found
+        return dict(self._sources)
 
     @property
     def digest(self) -> str:

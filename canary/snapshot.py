@@ -374,12 +374,23 @@ def describe(snap: Manifest) -> dict[str, Any]:
 
 
 def check_resumable(snap: Manifest, digest: str, statements: list[str],
-                    workers: int | None = None) -> None:
+                    workers: int | None = None, sources: dict[str, str] | None = None) -> None:
     """Raise SnapshotMismatchError naming the first difference if the declared program (its
-    digest and statements) is not the one ``snap`` was taken of. Given the ``workers`` of the
-    run that resumes, a dataset's partition count that changed with the number of workers is
-    said to be that, with what to call instead."""
+    digest and statements, and its functions' ``sources`` where given: see
+    :meth:`canary.Program.sources`) is not the one ``snap`` was taken of. Given the
+    ``workers`` of the run that resumes, a dataset's partition count that changed with the
+    number of workers is said to be that, with what to call instead."""
     if snap.data["digest"] == digest:
+        theirs_src = snap.data.get("sources")
+        if sources is None or theirs_src is None:  # a snapshot taken before sources were kept
+            return
+        for label, h in sources.items():
+            if theirs_src.get(label) != h:
+                raise SnapshotMismatchError(
+                    f"snapshot {snap.id} in {snap.path} was taken with other code: the function "
+                    f"of {label} has changed since (its source text differs). Resuming would "
+                    "continue with other code than computed the state so far: resume with the "
+                    "code it was taken with, or start afresh without --resume")
         return
     theirs = list(snap.data.get("statements", []))
     for k, (a, b) in enumerate(zip(theirs, statements)):

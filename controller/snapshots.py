@@ -157,6 +157,7 @@ class ControllerSnapshots:
         manifest: dict[str, Any] = {
             "format": FORMAT, "checksum": CHECKSUM, "id": pending.snap, "program": self.program.name,
             "digest": self.program.digest, "statements": self.program.statements(),
+            "sources": self.program.sources(),
             "script": cfg.script, "args": list(cfg.args), "workers": self.n_workers,
             "position": first, "run_seconds": round(self._now, 3),
             "tasks_run": self.tasks_base + sum(p.tasks_run for p in pending.written.values()),

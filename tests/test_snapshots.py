@@ -314,3 +314,35 @@ def test_a_resumed_driver_declares_its_partitions_for_the_snapshots_worker_count
     args = lr.parse_args(["--generate", "300,4", "--max-iter", "12", "--tol", "1e-300"])
     assert lr.build(args, planned_workers(Comm()))[0].digest == lr.build(args, 2)[0].digest
     assert lr.build(args, 3)[0].digest != lr.build(args, 2)[0].digest
+
+
+def test_resuming_after_a_kernel_changed_is_refused(tmp_path: Path) -> None:
+    # the same statements (same function names, same captured values), other code: the state
+    # so far was computed by the old kernel, and the resumed job would silently go on with the
+    # new one (a different answer, exit 0)
+    def halve(v: np.ndarray) -> np.ndarray:
+        return v * 0.5
+
+    def scale(step: Callable[[np.ndarray], np.ndarray]) -> Program:
+        p = Program("scale")
+        a, total = p.dataset("a", 2), p.dataset("total", 1)
+        p.load([a], lambda i, n: np.full(3, 1.0 + i))
+        with p.loop(200):
+            p.compute(step, [a], [a], name="step")
+            p.reduce(a, total)  # a stage boundary each iteration, where snapshots are taken
+        p.report(total)
+        return p
+
+    folder = str(tmp_path / "ck")
+    canary.run_local(scale(halve), workers=2, checkpoint=SnapshotConfig(folder, 0.0, 2))
+    snap = committed(folder)[-1]
+    assert canary.run_local(scale(halve), workers=2, resume=snap).resumed_from == snap.id
+    statements = scale(halve).statements()
+
+    def halve(v: np.ndarray) -> np.ndarray:  # type: ignore[no-redef]  # noqa: F811
+        return v * 0.25
+
+    assert scale(halve).statements() == statements  # only the source text tells them apart
+    with pytest.raises(SnapshotMismatchError, match=r"was taken with other code: the function of "
+                                                    r"stage 'step' \(id \d+\) has changed since"):
+        canary.run_local(scale(halve), workers=2, resume=snap)
