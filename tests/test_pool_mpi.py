@@ -124,11 +124,14 @@ def test_two_jobs_at_once_a_failing_one_and_a_cancel(workers: int, driver: str,
     st = client.wait(bad, pool_dir, timeout=120)
     assert st["state"] == "failed" and st["exit_code"] != 0
     assert "the kernel failed on purpose" in client.logs(bad, pool_dir)
+    # the kernel's traceback, once: not again through canary's frames from the driver's thread
+    assert client.logs(bad, pool_dir).count("Traceback") == 1, client.logs(bad, pool_dir)
     assert f"done on {workers} workers" in client.logs(a, pool_dir)
     assert "iteration ()" in client.logs(a, pool_dir)  # the callback ran, into the log
     client.cancel(long, pool_dir)
     st = client.wait(long, pool_dir, timeout=60)
     assert st["state"] == "cancelled" and "canary cancel" in st["error"]
+    assert st["exit_code"] == 130 and "Traceback" not in client.logs(long, pool_dir)
     with pytest.raises(PoolError, match="already ended"):
         client.cancel(long, pool_dir)
     # the pool goes on after all that

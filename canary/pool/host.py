@@ -40,7 +40,7 @@ from mpi4py import MPI
 import canary
 import canary.mpi_runner
 from canary.controller.jobs import JobsController
-from canary.errors import JobAborted
+from canary.errors import JobAborted, TaskError, user_error_line
 from canary.idle import tight_timer_slack
 from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
 from canary.mpi_transport import Recycler
@@ -299,7 +299,12 @@ def _driver(ctx: JobContext) -> None:
         else:
             code = int(exc.code or 0)
     except BaseException as exc:  # noqa: BLE001 - reported as the job's failure
-        if not isinstance(exc, JobAborted) or ctx.rank == 0:
+        line = user_error_line(Path(spec.script).stem, exc)
+        if isinstance(exc, (TaskError, JobAborted)):
+            pass  # the job failed or was cancelled: the pool has said why in the job's log
+        elif line is not None:  # a declaration mistake, as `canary run` says it
+            print(line, file=sys.stderr)
+        else:  # the driver's own code failed
             traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"
         code = 1
@@ -620,7 +625,8 @@ class ControllerHost(_Host):
 
     def _finish(self, job: int, code: int, error: str | None) -> None:
         if job in self.cancelled:
-            state, code, error = "cancelled", 130 if code == 0 else code, self.cancelled[job]
+            # 130 however the driver ended: it may have exited 1 on the abort the cancel caused
+            state, code, error = "cancelled", 130, self.cancelled[job]
         else:
             state = "done" if code == 0 else "failed"
             if code != 0 and error is None:
