@@ -41,9 +41,9 @@ from canary.driver import (
     check_outputs,
     declare,
     json_line,
-    npz_path,
     planned_workers,
     reports_each_iteration,
+    save_npz,
     write_outputs,
 )
 from canary.generate import blobs
@@ -558,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     is_root = comm.Get_rank() == 0
-    output = npz_path(args.output) if args.output else None
+    output = args.output
     if not check_outputs(PROG, {"--output": output, "--metrics": args.metrics,
                                 "--trace": args.trace}, comm):
         return 2
@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     c = result.value("centers")
     status = 0
     if output:
-        status = write_outputs(PROG, {"--output": (output, lambda path: np.savez(
+        status = write_outputs(PROG, {"--output": (output, lambda path: save_npz(
             path, centers=c, labels=result.concat("labels"), inertia=np.float64(r[1])))})
     summary = {
         "app": "kmeans", "points": shape["n"], "features": shape["d"], "k": shape["k"],

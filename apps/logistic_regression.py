@@ -35,9 +35,9 @@ from canary.driver import (
     check_outputs,
     declare,
     json_line,
-    npz_path,
     planned_workers,
     reports_each_iteration,
+    save_npz,
     write_outputs,
 )
 from canary.generate import logistic_data
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     is_root = comm.Get_rank() == 0
-    output = npz_path(args.output) if args.output else None
+    output = args.output
     if not check_outputs(PROG, {"--output": output, "--metrics": args.metrics,
                                 "--trace": args.trace}, comm):
         return 2
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     coef, intercept = r[3:3 + d], float(r[3 + d])
     status = 0
     if output:
-        status = write_outputs(PROG, {"--output": (output, lambda path: np.savez(
+        status = write_outputs(PROG, {"--output": (output, lambda path: save_npz(
             path, coef=coef, intercept=np.float64(intercept)))})
     summary = {
         "app": "logistic_regression", "rows": shape["n"], "features": d,

@@ -65,9 +65,14 @@ def json_line(row: Mapping[str, Any]) -> str:
     return json.dumps(_finite_or_null(row), allow_nan=False)
 
 
-def npz_path(path: str) -> str:
-    """The file ``numpy.savez(path, ...)`` writes: ``path`` with ``.npz`` appended if missing."""
-    return path if path.endswith(".npz") else path + ".npz"
+def save_npz(path: str, **arrays: Any) -> None:
+    """Write ``arrays`` as an ``.npz`` archive (``numpy.load`` reads it) at exactly ``path``:
+    ``numpy.savez(path)`` would append ``.npz`` to a name without it, so ``--output model``
+    (or a directory's name) would write beside what was asked for."""
+    import numpy as np
+
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def output_problem(path: str) -> str | None:

@@ -38,6 +38,22 @@ def test_an_output_that_cannot_be_written_stops_the_app_before_any_work(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.jsonl"]
 
 
+def test_the_npz_output_is_written_at_exactly_the_path_given(tmp_path: Path) -> None:
+    # numpy.savez appends .npz to a name without it: "km" became km.npz, and a directory's
+    # name passed the check and got a file beside it
+    folder = tmp_path / "models.d"
+    folder.mkdir()
+    r = run_python("apps/logistic_regression.py", *SMALL["logistic_regression"], "--output",
+                   str(folder))
+    assert r.returncode == 2
+    assert r.stderr == f"logistic_regression.py: error: --output {folder}: is a directory " \
+        "(expected a file name)\n"
+    r = run_python("apps/kmeans.py", *SMALL["kmeans"], "--output", str(tmp_path / "km"))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["km", "models.d"]
+    assert set(np.load(tmp_path / "km")) == {"centers", "labels", "inertia"}
+
+
 def test_every_rank_stops_on_an_unwritable_output(tmp_path: Path) -> None:
     bad = tmp_path / "file_not_dir"
     bad.write_text("")

@@ -18,8 +18,8 @@ from canary.driver import (
     check_outputs,
     declare,
     json_line,
-    npz_path,
     output_problem,
+    save_npz,
     unwritable_output,
     write_outputs,
 )
@@ -82,11 +82,12 @@ def test_json_line_is_strict_json_with_null_for_non_finite_values() -> None:
         json_line({"n": np.int64(1)})
 
 
-def test_npz_path_is_the_file_numpy_savez_writes(tmp_path: Path) -> None:
-    for given in ("model", "model.npz"):
-        np.savez(tmp_path / given, a=np.zeros(1))
-        assert (tmp_path / npz_path(given)).exists()
-    assert npz_path("m") == "m.npz" and npz_path("d/m.npz") == "d/m.npz"
+def test_save_npz_writes_exactly_the_path_given(tmp_path: Path) -> None:
+    # numpy.savez would write model.npz for "model": beside the file that was checked
+    for given in ("model", "model.npz", "model.txt"):
+        save_npz(str(tmp_path / given), a=np.arange(3.0))
+        np.testing.assert_array_equal(np.load(tmp_path / given)["a"], np.arange(3.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.npz", "model.txt"]
 
 
 def test_output_problem_says_why_without_creating_anything(tmp_path: Path,
