@@ -41,6 +41,7 @@ from canary.driver import (
     check_outputs,
     declare,
     json_line,
+    out_of_range,
     planned_workers,
     reports_each_iteration,
     save_npz,
@@ -430,8 +431,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if n < 1 or d < 1 or kg < 1:
             ap.error(f"--generate N,D,K must be positive, got {args.generate!r}")
         args.n, args.d, args.blob_k = n, d, kg
-    if args.tol < 0 or args.max_iter < 0:
-        ap.error("--tol must be >= 0 and --max-iter >= 0")
+    bad = out_of_range(("--tol", args.tol, args.tol >= 0, ">= 0"),
+                       ("--max-iter", args.max_iter, args.max_iter >= 0, ">= 0"))
+    if bad:
+        ap.error(bad)
     if args.k is not None and args.k < 1:
         ap.error(f"--k must be positive, got {args.k}")
     if args.partitions is not None and args.partitions < 1:

@@ -35,6 +35,7 @@ from canary.driver import (
     check_outputs,
     declare,
     json_line,
+    out_of_range,
     planned_workers,
     reports_each_iteration,
     save_npz,
@@ -258,8 +259,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if n < 1 or d < 1:
             ap.error(f"--generate N,D must be positive, got {args.generate!r}")
         args.n, args.d = n, d
-    if args.reg < 0 or args.tol <= 0 or args.max_iter < 0:
-        ap.error("--reg must be >= 0, --tol > 0 and --max-iter >= 0")
+    bad = out_of_range(("--reg", args.reg, args.reg >= 0, ">= 0"),
+                       ("--tol", args.tol, args.tol > 0, "> 0"),
+                       ("--max-iter", args.max_iter, args.max_iter >= 0, ">= 0"))
+    if bad:
+        ap.error(bad)
     if args.partitions is not None and args.partitions < 1:
         ap.error(f"--partitions must be positive, got {args.partitions}")
     return args

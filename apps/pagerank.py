@@ -56,6 +56,7 @@ from canary.driver import (
     check_outputs,
     declare,
     json_line,
+    out_of_range,
     planned_workers,
     reports_each_iteration,
     write_outputs,
@@ -472,8 +473,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.n_vertices, args.n_edges = v, e
     if not (0.0 < args.damping < 1.0):
         ap.error(f"--damping must be in (0, 1), got {args.damping}")
-    if args.tol <= 0 or args.max_iter < 0 or args.top < 0:
-        ap.error("--tol must be > 0, --max-iter >= 0 and --top >= 0")
+    bad = out_of_range(("--tol", args.tol, args.tol > 0, "> 0"),
+                       ("--max-iter", args.max_iter, args.max_iter >= 0, ">= 0"),
+                       ("--top", args.top, args.top >= 0, ">= 0"))
+    if bad:
+        ap.error(bad)
     if args.chunk_edges is not None and args.chunk_edges < 1:
         ap.error(f"--chunk-edges must be >= 1, got {args.chunk_edges}")
     if args.partitions is not None:

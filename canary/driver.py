@@ -65,6 +65,15 @@ def json_line(row: Mapping[str, Any]) -> str:
     return json.dumps(_finite_or_null(row), allow_nan=False)
 
 
+def out_of_range(*checks: tuple[str, Any, bool, str]) -> str | None:
+    """``FLAG must be RULE, got VALUE`` for the first of ``checks`` — (flag, value, whether
+    it is in range, the rule in words) — whose value is not in range; None if all are."""
+    for flag, value, ok, rule in checks:
+        if not ok:
+            return f"{flag} must be {rule}, got {value}"
+    return None
+
+
 def save_npz(path: str, **arrays: Any) -> None:
     """Write ``arrays`` as an ``.npz`` archive (``numpy.load`` reads it) at exactly ``path``:
     ``numpy.savez(path)`` would append ``.npz`` to a name without it, so ``--output model``

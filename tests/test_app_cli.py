@@ -152,3 +152,19 @@ def test_the_loop_reports_to_rank_0_only_when_the_progress_is_shown(tmp_path: Pa
     assert received[("--print-every", "5")] >= quiet + 2  # one an iteration
     assert received[("--print-every", "0", "--metrics", str(tmp_path / "m.jsonl"))] == \
         received[("--print-every", "5")]
+
+
+@pytest.mark.parametrize(("app", "bad", "says"), [
+    ("logistic_regression", ["--reg", "-1"], "--reg must be >= 0, got -1.0"),
+    ("logistic_regression", ["--tol", "0"], "--tol must be > 0, got 0.0"),
+    ("kmeans", ["--max-iter", "-2"], "--max-iter must be >= 0, got -2"),
+    ("pagerank", ["--top", "-1"], "--top must be >= 0, got -1"),
+])
+def test_an_argument_out_of_range_is_named_with_its_value(
+        app: str, bad: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # not "--reg must be >= 0, --tol > 0 and --max-iter >= 0" for whichever one it was
+    module = __import__(f"apps.{app}", fromlist=["parse_args"])
+    with pytest.raises(SystemExit) as stop:
+        module.parse_args(bad)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"{app}.py: error: {says}"
