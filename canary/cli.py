@@ -23,6 +23,7 @@ from canary.snapshot import (
     choose,
     committed,
     describe,
+    snapshot_folder,
 )
 
 
@@ -177,8 +178,12 @@ def _snapshots(argv: list[str]) -> int:
                     "the program, time, bytes, workers, checksum status), oldest first.")
     ap.add_argument("dir")
     args = ap.parse_args(argv)
-    for snap in committed(args.dir):
-        print(json.dumps(describe(snap)), flush=True)
+    damaged: dict[int, str] = {}
+    rows = {s.id: describe(s) for s in committed(args.dir, damaged)}
+    rows.update({k: {"id": k, "path": snapshot_folder(args.dir, k),
+                     "checksums": f"damaged: {why}"} for k, why in damaged.items()})
+    for k in sorted(rows):
+        print(json.dumps(rows[k]), flush=True)
     return 0
 
 

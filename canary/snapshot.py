@@ -292,9 +292,11 @@ def read_manifest(folder: str) -> Manifest:
     return Manifest(folder, data)
 
 
-def committed(root: str) -> list[Manifest]:
-    """The committed snapshots under ``root``, oldest first (folders without a readable
-    manifest are skipped). Raises SnapshotError if ``root`` is not a folder."""
+def committed(root: str, damaged: dict[int, str] | None = None) -> list[Manifest]:
+    """The committed snapshots under ``root``, oldest first. A folder without a manifest (an
+    attempt not committed) is skipped; one whose manifest cannot be read is too, and is put
+    in ``damaged`` (snapshot id -> why) when given. Raises SnapshotError if ``root`` is not a
+    folder."""
     if not os.path.isdir(root):
         raise SnapshotError(f"{root}: no such checkpoint directory")
     found = []
@@ -304,8 +306,9 @@ def committed(root: str) -> list[Manifest]:
             continue
         try:
             found.append(read_manifest(os.path.join(root, name)))
-        except SnapshotError:
-            continue
+        except SnapshotError as exc:
+            if damaged is not None and os.path.exists(os.path.join(root, name, MANIFEST)):
+                damaged[int(m.group(1))] = str(exc)
     return sorted(found, key=lambda s: s.id)
 
 
@@ -335,16 +338,18 @@ def verify(snap: Manifest) -> list[str]:
 
 
 def choose(root: str) -> tuple[Manifest, list[str]]:
-    """The newest committed snapshot under ``root`` whose files all check out, and one line per
-    newer snapshot passed over (saying why). Raises SnapshotError if none is usable."""
-    notes: list[str] = []
-    for snap in reversed(committed(root)):
-        problems = verify(snap)
+    """The newest committed snapshot under ``root`` whose manifest and files all check out, and
+    one line per newer snapshot passed over (saying why). Raises SnapshotError naming what is
+    wrong with each if none is usable."""
+    damaged: dict[int, str] = {}
+    snaps = {s.id: s for s in committed(root, damaged)}
+    passed: list[str] = []
+    for snap_id in sorted({*snaps, *damaged}, reverse=True):
+        problems = [damaged[snap_id]] if snap_id in damaged else verify(snaps[snap_id])
         if not problems:
-            return snap, notes
-        notes.append(f"snapshot {snap.id} is damaged ({'; '.join(problems)}); "
-                     "falling back to the one before")
-    detail = f" ({'; '.join(notes)})" if notes else ""
+            return snaps[snap_id], [f"{p}; falling back to the one before" for p in passed]
+        passed.append(f"snapshot {snap_id} is damaged ({'; '.join(problems)})")
+    detail = f" ({'; '.join(passed)})" if passed else ""
     raise SnapshotError(f"{root}: no usable snapshot{detail}")
 
 

@@ -209,6 +209,33 @@ def test_with_no_usable_snapshot_the_error_says_so(
         choose(str(folder / "nope"))
 
 
+def test_a_damaged_manifest_is_named_and_passed_over(
+        three_snapshots: tuple[Path, dict[str, list[np.ndarray]]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # a manifest cut short was skipped as if the snapshot had never been committed: listed by
+    # nobody, and "no usable snapshot" without a why once none was left
+    from canary.cli import main
+
+    folder, _ = three_snapshots
+    older, newest = committed(str(folder))[-2:]
+    manifest = Path(newest.path) / "manifest.json"
+    manifest.write_text(manifest.read_text()[:100])
+    snap, notes = choose(str(folder))
+    assert snap.id == older.id
+    (note,) = notes
+    assert note.startswith(f"snapshot {newest.id} is damaged ({manifest}: unreadable manifest: ")
+    assert note.endswith("); falling back to the one before")
+    assert main(["snapshots", str(folder)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in rows] == [s.id for s in committed(str(folder))] + [newest.id]
+    assert rows[-1]["checksums"].startswith(f"damaged: {manifest}: unreadable manifest")
+    for s in committed(str(folder)):
+        (Path(s.path) / "manifest.json").write_text("{")
+    with pytest.raises(SnapshotError, match=r"no usable snapshot \(snapshot \d+ is damaged "
+                                            r"\(.*unreadable manifest.*\); snapshot \d+ is damaged"):
+        choose(str(folder))
+
+
 def test_a_folder_without_its_manifest_is_not_a_snapshot(
         three_snapshots: tuple[Path, dict[str, list[np.ndarray]]]) -> None:
     folder, _ = three_snapshots
