@@ -239,9 +239,11 @@ class JobsController:
     def _feed(self, j: _Job, msg: Any, out: list[Any]) -> None:
         assert j.state is not None
         if type(msg) is ReportPart:
-            # a report's iteration is its loop counters, outermost first
-            it = msg.iteration[0] if msg.iteration else 0
-            j.info.iteration = max(j.info.iteration, int(it))
+            # a report's iteration is its loop counters, outermost first: one sent in the
+            # outermost loop's k-th pass (from 0) shows k + 1 passes reached; one outside any
+            # loop says nothing of them
+            if msg.iteration:
+                j.info.iteration = max(j.info.iteration, int(msg.iteration[0]) + 1)
             j.info.reports += 1
         try:
             instrs = j.state.handle(msg)

@@ -49,6 +49,7 @@ def main(argv):
         p.broadcast(s, local)
         p.compute(step, [x, local], [x])
         p.reduce(x, s)
+        p.report(s, name="progress")  # what `canary jobs` counts iterations by
     p.report(s, name="final", callback=lambda ev: print("iteration", ev.iteration))
     result = canary.run(p, comm)
     if result is not None:
@@ -115,9 +116,10 @@ def test_two_jobs_at_once_a_failing_one_and_a_cancel(workers: int, driver: str,
     bad = client.submit(driver, ["8", "1.0", "fail", outs[1]], pool_dir, user="bob")
     b = client.submit(driver, ["5", "2.0", "ok", outs[2]], pool_dir, user="bob", priority=1)
     long = client.submit(driver, ["100000", "1.0", "ok", outs[1]], pool_dir, workers=1)
-    for job in (a, b):
+    for job, iters in ((a, 8), (b, 5)):
         st = client.wait(job, pool_dir, timeout=120)
         assert st["state"] == "done" and st["exit_code"] == 0, client.logs(job, pool_dir)
+        assert st["iteration"] == iters  # the loop's passes, not the last one's 0-based count
     assert np.array_equal(np.load(outs[0]), _expected(8, 1.0))
     assert np.array_equal(np.load(outs[2]), _expected(5, 2.0))
     assert np.array_equal(client.result(a, pool_dir).value("s"), _expected(8, 1.0))

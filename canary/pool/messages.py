@@ -256,7 +256,7 @@ class JobInfo:
     spec: JobSpec
     state: str = "placing"  # placing, running, ended
     workers: tuple[int, ...] = ()
-    iteration: int = -1
+    iteration: int = -1  # loop passes reached, as the job's reports show (-1: none reported)
     reason: str | None = None
     reports: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
