@@ -121,7 +121,12 @@ def _run(args: argparse.Namespace) -> int:
     env = mpiexec_env(args.timeout, launch.checkout_root())
     env[BALANCE_ENV] = args.balance
     if checkpoint:
-        os.makedirs(checkpoint, exist_ok=True)  # OSError: said by main()
+        try:
+            os.makedirs(checkpoint, exist_ok=True)
+        except OSError as exc:
+            print(f"canary run: --checkpoint {checkpoint}: cannot create the folder "
+                  f"({exc.strerror or exc})", file=sys.stderr)
+            return 2
         env.update({CHECKPOINT_ENV: os.path.abspath(checkpoint),
                     CHECKPOINT_EVERY_ENV: str(args.checkpoint_every), KEEP_ENV: str(args.keep)})
         if snap is None and committed(checkpoint):

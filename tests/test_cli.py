@@ -56,6 +56,9 @@ def test_bad_invocations_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
     assert "script not found: does/not/exist.py" in capsys.readouterr().err
     assert main(["run", "-n", "0", "apps/power_iteration.py"]) == 2
     assert "at least 1 worker" in capsys.readouterr().err
+    assert main(["run", "--checkpoint", "README.md/ck", "apps/power_iteration.py"]) == 2
+    assert capsys.readouterr().err == "canary run: --checkpoint README.md/ck: cannot create the " \
+        "folder (Not a directory)\n"
 
 
 @pytest.mark.parametrize("bad,says", [
