@@ -90,7 +90,8 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         # rank 0 ends the job a second later; the others end it themselves if hydra lost that
         # abort (see the JobAborted case below)
         abort_job(given, 1, linger=1.0 if rank == 0 else 5.0)
-    resume_from = resume_snapshot(program, size - 1)  # every rank alike: an error ends each the same way
+    # every rank alike: an error ends each the same way
+    resume_from = resume_snapshot(program, size - 1)
     comm = given
     joined = False
     job = next(_JOBS)
