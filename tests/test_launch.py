@@ -288,6 +288,28 @@ def test_a_failing_rank_aborts_at_once_when_another_is_in_the_job(
     other.in_job(False)  # leaving twice is harmless
 
 
+def test_abort_job_ends_the_rank_when_mpi_abort_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MPICH's MPI_Abort returns once the other ranks have finalized MPI (seen: rank 0 aborting
+    # a run that workers had already left); the rank must not go on into the driver
+    from canary.ranks import abort_job
+
+    class Finalized:
+        def Abort(self, code: int) -> None:  # noqa: N802 - mpi4py's name
+            pass
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(f"os._exit({code})")
+
+    monkeypatch.setenv(RUN_DIR, str(tmp_path))
+    monkeypatch.setenv(RUN_RANKS, "2")
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setattr("canary.ranks.os._exit", exit_now)
+    with pytest.raises(SystemExit, match=r"os\._exit\(1\)"):
+        abort_job(Finalized(), 1, linger=0.0)
+    assert read_records(str(tmp_path)).ends == {0: 1}  # canary run is told how it ended
+
+
 def test_run_main_turns_a_canary_error_into_one_line_and_status_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
