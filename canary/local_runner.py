@@ -30,6 +30,7 @@ from canary.messages import (
     Callback,
     CommitSnapshot,
     Fail,
+    Failed,
     Finish,
     MoveRequest,
     Piece,
@@ -46,6 +47,7 @@ from canary.messages import (
     Tick,
     WriteSnapshot,
     local_event_id,
+    run_callback,
     worker_rank,
 )
 from canary.numba_load import load_array_functions
@@ -253,7 +255,12 @@ def run_local(
                     if not isinstance(ins.message, Shutdown):
                         send(CONTROLLER, ins)
                 elif isinstance(ins, Callback):
-                    ins.fn(ins.event)
+                    failed = run_callback(ins)
+                    if failed is not None:  # the job fails, whatever else this event did
+                        outcome[:0] = [i for i in ctrl.handle(Failed(
+                            local_event_id(CONTROLLER, counter + 1), -1, failed))
+                            if isinstance(i, Fail)]
+                        break
                 elif isinstance(ins, (Finish, Fail)):
                     outcome.append(ins)
                 elif isinstance(ins, CommitSnapshot):

@@ -494,6 +494,23 @@ class Callback(Instruction):
     __eq__ = _fields_equal
 
 
+def run_callback(ins: Callback) -> str | None:
+    """Call the report callback of ``ins``; None if it returned, else what its failure says
+    (which report, which iteration, the traceback), for the runner to feed the controller as
+    a :class:`Failed`: the job then ends as it does for a task that raised."""
+    try:
+        ins.fn(ins.event)
+    except Exception as exc:  # noqa: BLE001 - the driver's code: its failure ends the job
+        import traceback
+
+        ev = ins.event
+        tb = exc.__traceback__
+        why = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
+        return (f"rank 0 (controller): report '{ev.name}' of '{ev.dataset}' (iteration "
+                f"{ev.iteration}), its callback failed:\n{why.rstrip()}")
+    return None
+
+
 @dataclass(slots=True, eq=False)
 class Finish(Instruction):
     """Controller: the job is complete."""

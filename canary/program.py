@@ -319,6 +319,14 @@ class Program:
                     f"destination, but partition {bad[0]} of '{output.name}' gets "
                     f"{len(sources[bad[0]])}"
                 )
+        elif isinstance(gather, str):  # "sum" and "concat" make nothing out of no pieces
+            bad = [j for j in range(q) if not sources[j]]
+            if bad:
+                raise DeclarationError(
+                    f"scatter-gather '{label}': partition {bad[0]} of '{output.name}' gets no "
+                    f"piece, and gather {gather!r} needs at least one per destination (name it "
+                    "in some source's targets, or declare fewer output partitions)"
+                )
         st = Stage(0, SCATTER_GATHER, label, scatter, ins, (), dst=output, gather=gather,
                    targets=tgt, sources=sources, one_piece=one_piece)
         stage = self._add(st)
@@ -620,7 +628,12 @@ class ReportEvent:
 
     @property
     def value(self) -> np.ndarray:
-        """The single partition of a one-partition dataset."""
+        """The single partition of a one-partition dataset. Raises ValueError for a dataset of
+        several (``values`` lists them), as :meth:`canary.JobResult.value` does."""
+        if len(self.values) != 1:
+            raise ValueError(f"dataset '{self.dataset}' has {len(self.values)} partitions: "
+                             "ReportEvent.value is for a one-partition dataset; .values lists "
+                             "them")
         return self.values[0]
 
 

@@ -46,6 +46,7 @@ from canary.messages import (
     CONTROLLER,
     Callback,
     Fail,
+    Failed,
     Finish,
     LoadReport,
     Piece,
@@ -57,6 +58,7 @@ from canary.messages import (
     TaskDone,
     Tick,
     local_event_id,
+    run_callback,
     worker_rank,
 )
 from canary.program import Program
@@ -424,7 +426,11 @@ def run_virtual(program: Program, workers: int, network: Network,
                 if not isinstance(ins.message, Shutdown):  # the job ends at Finish
                     send(CONTROLLER, ins)
             elif isinstance(ins, Callback):
-                ins.fn(ins.event)
+                failed = run_callback(ins)
+                if failed is not None:  # the job fails, whatever else this event did
+                    outcome[:0] = [(free_at[CONTROLLER], i) for i in ctrl.handle(
+                        Failed(0, -1, failed)) if isinstance(i, Fail)]
+                    return
             elif isinstance(ins, (Finish, Fail)):
                 outcome.append((free_at[CONTROLLER], ins))
 

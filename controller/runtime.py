@@ -18,6 +18,7 @@ from canary.messages import (
     Callback,
     CommitSnapshot,
     Fail,
+    Failed,
     Finish,
     LoadReport,
     Progress,
@@ -26,6 +27,7 @@ from canary.messages import (
     SnapshotCommitted,
     Tick,
     local_event_id,
+    run_callback,
 )
 from canary.mpi_transport import MpiTransport
 from canary.program import Program
@@ -102,8 +104,11 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                 tx.send(ins.dest, ins.message)
             elif isinstance(ins, Callback):
                 u0 = time.process_time()
-                ins.fn(ins.event)
+                failed = run_callback(ins)
                 user_cpu += time.process_time() - u0
+                if failed is not None:  # before anything else: the job must not finish
+                    instrs[:0] = state.handle(Failed(local_event_id(CONTROLLER, next(ticks)),
+                                                     -1, failed))
             elif isinstance(ins, Progress):
                 print(ins.line, file=sys.stderr, flush=True)
             elif isinstance(ins, CommitSnapshot):

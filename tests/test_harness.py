@@ -122,6 +122,51 @@ def test_pieces_a_builtin_gather_cannot_combine_fail_the_stage(n: int, odd: int)
         canary.run_local(q, workers=2)
 
 
+def test_a_sum_gathers_pieces_in_the_dtype_numpy_adds_them_in() -> None:
+    # the first piece's int32 wrapped 2**31 - 1 + 5 + 5 around; its float32 dropped 1e-8
+    p = Program("dtypes")
+    a, f = p.dataset("a", 3), p.dataset("f", 3)
+    ta, tf = p.dataset("ta", 1), p.dataset("tf", 1)
+    p.load([a], lambda i, n: np.array([2**31 - 1], np.int32) if i == 0 else np.array([5]))
+    p.load([f], lambda i, n: np.array([1.0], np.float32) if i == 0 else np.array([1e-8]))
+    p.reduce(a, ta)
+    p.reduce(f, tf)
+    p.report(ta)
+    p.report(tf)
+    r = canary.run_local(p, workers=2)
+    want_a = np.array([2**31 - 1], np.int32) + np.array([5]) + np.array([5])
+    want_f = np.array([1.0], np.float32) + np.array([1e-8]) + np.array([1e-8])
+    assert r.value("ta").dtype == want_a.dtype and r.value("ta")[0] == want_a[0]
+    assert r.value("tf").dtype == want_f.dtype and r.value("tf")[0] == want_f[0]
+
+
+@pytest.mark.parametrize("gather", ["sum", "concat"])
+def test_a_destination_without_pieces_is_a_declaration_error(gather: str) -> None:
+    # it failed at run time with an IndexError out of the worker's state machine
+    p = Program("empty")
+    a, o = p.dataset("a", 4), p.dataset("o", 3)
+    p.load([a], lambda i, n: np.ones(5))
+    with pytest.raises(canary.DeclarationError,
+                       match=rf"scatter-gather 'to_first': partition 1 of 'o' gets no piece, "
+                             rf"and gather '{gather}' needs at least one per destination"):
+        p.scatter_gather(a, o, lambda v: [v], gather, targets=lambda i: [0], name="to_first")
+
+
+def test_a_report_event_value_of_several_partitions_raises_and_fails_the_job() -> None:
+    # it was partition 0 alone, silently
+    p = Program("events")
+    x = p.dataset("x", 3)
+    p.load([x], lambda i, n: np.full(2, float(i)))
+    p.report(x, callback=lambda ev: ev.value)
+    # and a callback that raises fails the job as a kernel would, naming the report
+    with pytest.raises(TaskError, match=r"(?s)^rank 0 \(controller\): report 'report_x' of 'x' "
+                                        r"\(iteration \(\)\), its callback failed:\nTraceback.*"
+                                        r"ValueError: dataset 'x' has 3 partitions: "
+                                        r"ReportEvent\.value is for a one-partition dataset; "
+                                        r"\.values lists them"):
+        canary.run_local(p, workers=2)
+
+
 def test_a_result_names_what_was_not_reported_and_what_has_several_partitions() -> None:
     p = Program("reported")
     a, s = p.dataset("a", 3), p.dataset("s", 1)

@@ -614,6 +614,25 @@ def test_ranks_that_run_fewer_programs_end_the_job_at_once_saying_so(fewer: str,
     assert "Traceback" not in r.stderr and len(lines) <= 2, r.stderr
 
 
+def test_a_report_callback_that_raises_fails_the_job_naming_the_report(tmp_path: Path) -> None:
+    # it was "canary: rank 0 failed: RuntimeError(...)" and a traceback through the runtime
+    driver = tmp_path / "callback_raises.py"
+    driver.write_text(
+        "import numpy as np\nimport canary\n\n\ndef explode(ev):\n"
+        "    raise RuntimeError('callback exploded')\n\n\n"
+        "p = canary.Program('cb')\nx = p.dataset('x', 3)\n"
+        "p.load([x], lambda i, n: np.zeros(2))\nwith p.loop(3):\n"
+        "    p.compute(lambda v: v + 1, [x], [x], name='inc')\n"
+        "    p.report(x, callback=explode)\ncanary.run(p)\n")
+    r = canary_run(str(driver))
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "canary: job aborted: rank 0 (controller): report 'report_x' of 'x' (iteration (0,)), "
+        "its callback failed:", "Traceback (most recent call last):",
+        f'  File "{driver}", line 6, in explode', "    raise RuntimeError('callback exploded')",
+        "RuntimeError: callback exploded"], r.stderr
+
+
 def test_malformed_input_read_by_a_task_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.svm"
     bad.write_text("1 1:0.5 2:1.0\n0 1:0.25 2:oops\n1 1:1.0 2:2.0\n")
