@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+NEVER_WRITTEN = ("no statement that writes the dataset has run (its writers are in a loop of "
+                 "no passes, or in a branch not taken)")
+
 
 @dataclass
 class JobResult:
@@ -46,7 +49,15 @@ class JobResult:
         if name not in self.results:
             raise KeyError(f"dataset '{name}' was not reported: declare p.report(dataset) in the "
                            f"program (reported: {', '.join(sorted(self.results)) or 'none'})")
-        return self.results[name]
+        parts = self.results[name]
+        # a partition never written is reported as None (as an object array holding None,
+        # where the report was copied)
+        unset = next((k for k, v in enumerate(parts) if v is None or (
+            isinstance(v, np.ndarray) and v.dtype == object and v.shape == () and v.item() is None)),
+            None)
+        if unset is not None:
+            raise ValueError(f"dataset '{name}': partition {unset} has no value: {NEVER_WRITTEN}")
+        return parts
 
     @property
     def scheduling_messages(self) -> int:

@@ -167,6 +167,32 @@ def test_a_report_event_value_of_several_partitions_raises_and_fails_the_job() -
         canary.run_local(p, workers=2)
 
 
+def test_a_dataset_whose_writers_never_ran_is_named_where_it_is_read() -> None:
+    # its partitions stayed None: a kernel failed on None * 2, a result gave None or an object
+    # array, concat a numpy error
+    def program(use: bool) -> Program:
+        p = Program("unwritten")
+        x, z = p.dataset("x", 3), p.dataset("z", 3)
+        p.load([x], lambda i, n: np.arange(4.0) + i)
+        with p.loop(0):
+            p.compute(lambda v: v + 1, [x], [z], name="make_z")
+        if use:
+            p.compute(lambda v: v * 2, [z], [z], name="use_z")
+        p.report(z)
+        return p
+
+    result = canary.run_local(program(False), workers=2)
+    with pytest.raises(ValueError, match=r"dataset 'z': partition 0 has no value: no statement "
+                                         r"that writes the dataset has run \(its writers are in "
+                                         r"a loop of no passes, or in a branch not taken\)"):
+        result.concat("z")
+    for max_fused in (1, 64):  # a lone task, or a fused stretch
+        with pytest.raises(TaskError, match=r"stage 'use_z' \(id 2\), compute task on partition "
+                                            r"\d.* failed: partition \d of 'z' has no value: no "
+                                            r"statement"):
+            canary.run_local(program(True), workers=2, max_fused=max_fused)
+
+
 def test_a_result_names_what_was_not_reported_and_what_has_several_partitions() -> None:
     p = Program("reported")
     a, s = p.dataset("a", 3), p.dataset("s", 1)

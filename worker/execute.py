@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from canary.messages import TaskDone, TaskFailed
+from canary.result import NEVER_WRITTEN
 from canary.worker.chain import CHAINS, is_compile_error
 from canary.worker.state import WorkerState
 from canary.worker.tasks import (
@@ -108,6 +109,8 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch, eid: int, t0:
     progress = np.zeros(1, np.int64) if runner is not None else None
     for i, row in zip(stretch.idxs, stretch.parts):
         n = 0
+        v: Any = None
+        vals: dict[int, Any] | None = None
         try:
             if runner is not None:  # compiled: the kernels call each other from machine code
                 assert inplace is not None
@@ -157,8 +160,11 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch, eid: int, t0:
             out.extend((row[d], vals[d]) for d in stretch.written)
         except Exception:
             st, _seq, it = instances[n]
+            # the failed instance's inputs: its datasets' values so far in this stretch
+            inputs = ([(d, i, vals[d]) for d in steps[n][2]] if vals is not None else
+                      [(inplace, i, v)] if inplace is not None and runner is None else [])
             return _failed(state, task, eid, f"{st.label(it)}, compute task on partition {i} "
-                                             f"(in a {stretch.describe()})")
+                                             f"(in a {stretch.describe()})", inputs)
     return TaskDone(eid, task, out, perf_counter() - t0)
 
 
@@ -235,14 +241,25 @@ def _alias_free(value: np.ndarray, others: list[Any]) -> np.ndarray:
     return value
 
 
-def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None) -> TaskFailed:
+def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None,
+            inputs: Sequence[tuple[int, int, Any]] | None = None) -> TaskFailed:
     """The event for the exception being handled: where it happened, and the user code's
     traceback. A malformed result (:class:`ResultError`, raised by canary's own checks) and
     canary's own errors (unreadable input read inside a task) are said in one line, since
-    canary's frames would say nothing to the user."""
+    canary's frames would say nothing to the user. So is an input that has no value (its
+    writers never ran): the cause, rather than what the kernel made of a None. ``inputs``
+    (dataset id, partition, value) are the failed function's; default: the task's reads."""
     exc = sys.exc_info()[1]
     assert exc is not None
     label = label or task.label()
+    if inputs is None:
+        inputs = [(p.dataset, p.index, p.value) for p in task.reads]
+    unset = next(((d, k) for d, k, value in inputs if value is None), None)
+    if unset is not None and not isinstance(exc, ResultError):
+        name = state.program.datasets[unset[0]].name
+        return TaskFailed(eid, task, f"rank {state.rank} (worker {state.worker}): {label} "
+                                     f"failed: partition {unset[1]} of '{name}' has no value: "
+                                     f"{NEVER_WRITTEN}")
     if isinstance(exc, ResultError):
         return TaskFailed(eid, task, f"rank {state.rank} (worker {state.worker}): {label} {exc}")
     return TaskFailed(eid, task, failure_text(state.rank, state.worker, label, exc))
