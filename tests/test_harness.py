@@ -94,6 +94,19 @@ def test_wrong_result_shape_is_reported_not_silently_used() -> None:
     q.scatter_gather(a, b, lambda v: [v], "concat", name="short")
     with pytest.raises(TaskError, match="one piece per target"):
         canary.run_local(q, workers=2)
+    # text became '<U5' partitions (summed as text); a ragged list leaked numpy's traceback
+    for kernel, says in [(lambda v: "hello", r"output 'y' is an array of <U5 \(text or raw "
+                                             r"bytes, from a str\); return numeric numpy arrays"),
+                         (lambda v: [[1.0], [2.0, 3.0]], r"output 'y' must be a numpy array \(or "
+                                                         r"number\), got a list numpy cannot make "
+                                                         r"one of \(.*inhomogeneous")]:
+        r = Program("text")
+        x, y = r.dataset("x", 2), r.dataset("y", 2)
+        r.load([x], lambda i, n: np.ones(2))
+        r.compute(kernel, [x], [y], name="kernel")
+        r.report(y)
+        with pytest.raises(TaskError, match=r"compute task on partition \d: " + says):
+            canary.run_local(r, workers=2)
 
 
 @pytest.mark.parametrize("n", [3, 20_000])  # moved inline (small) or by a gather task (large)
@@ -315,7 +328,7 @@ def test_a_loader_returning_one_array_for_two_partitions_is_a_clear_error() -> N
     p.compute(_double_in_place, [x], [x], name="double")
     p.report(x)
     with pytest.raises(TaskError, match=r"^rank 1 \(worker 0\): stage 'load_template' \(id 0\), "
-                                        r"load task on partition 1 returned for 'x' memory that "
+                                        r"load task on partition 1: returned for 'x' memory that "
                                         r"partition 0 of 'x' already holds"):
         canary.run_local(p, workers=1)
     # one partition per worker: nothing shared, nothing to say

@@ -261,7 +261,7 @@ def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None,
                                      f"failed: partition {unset[1]} of '{name}' has no value: "
                                      f"{NEVER_WRITTEN}")
     if isinstance(exc, ResultError):
-        return TaskFailed(eid, task, f"rank {state.rank} (worker {state.worker}): {label} {exc}")
+        return TaskFailed(eid, task, f"rank {state.rank} (worker {state.worker}): {label}: {exc}")
     return TaskFailed(eid, task, failure_text(state.rank, state.worker, label, exc))
 
 
@@ -296,13 +296,24 @@ def _pieces(task: Task, res: Any) -> Any:
 
 
 def _array(v: Any, what: str) -> np.ndarray:
+    """``v`` as a numeric numpy array; raises :class:`ResultError` for what is not one (an
+    object array, text, a ragged list)."""
     if isinstance(v, np.ndarray):
         if v.dtype == object:
             raise ResultError(f"{what} is an object array; return numeric numpy arrays")
-        return v
-    arr = np.asarray(v)
-    if arr.dtype == object:
-        raise ResultError(f"{what} must be a numpy array (or number), got {type(v).__name__}")
+        arr = v
+    else:
+        try:
+            arr = np.asarray(v)
+        except ValueError as exc:  # a ragged list
+            raise ResultError(f"{what} must be a numpy array (or number), got a "
+                              f"{type(v).__name__} numpy cannot make one of ({exc})") from None
+        if arr.dtype == object:
+            raise ResultError(f"{what} must be a numpy array (or number), got "
+                              f"{type(v).__name__}")
+    if arr.dtype.kind in "USV":  # text or raw bytes: sums and reduces of it are nonsense
+        raise ResultError(f"{what} is an array of {arr.dtype} (text or raw bytes, from a "
+                          f"{type(v).__name__}); return numeric numpy arrays")
     return arr
 
 
