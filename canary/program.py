@@ -14,6 +14,7 @@ every rank because the signal's value is broadcast.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -194,6 +195,7 @@ class Program:
 
     def __init__(self, name: str = "program") -> None:
         self.name = name
+        _DECLARED.add(self)
         self.datasets: list[Dataset] = []
         self.stages: list[Stage] = []
         self.ops: list[tuple[Any, ...]] = []
@@ -635,6 +637,16 @@ class ReportEvent:
                              "ReportEvent.value is for a one-partition dataset; .values lists "
                              "them")
         return self.values[0]
+
+
+_DECLARED: weakref.WeakSet[Program] = weakref.WeakSet()  # every Program this process made
+
+
+def never_run() -> list[str]:
+    """The names of the programs this process declared (with a stage at least) and never
+    handed to a runner, which finalizes them: a driver that forgot ``canary.run(p)`` computed
+    nothing."""
+    return sorted(p.name for p in _DECLARED if p.stages and not p._finalized)
 
 
 def _short(fn: Any) -> str:

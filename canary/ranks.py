@@ -305,6 +305,10 @@ def leave() -> NoReturn:
     Only for a driver that ended well: a failing one takes the ordinary way out, which prints
     its traceback and may abort the MPI job. Works without MPI too (a one-rank run).
     """
+    program = sys.modules.get("canary.program")  # not imported: no program declared
+    for name in program.never_run() if program is not None else ():
+        print(f"canary: warning: program '{name}' was declared but never run (call "
+              "canary.run(p) to run it)", file=sys.stderr, flush=True)
     end_rank(0)
     import atexit
     import gc

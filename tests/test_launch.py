@@ -633,6 +633,19 @@ def test_a_report_callback_that_raises_fails_the_job_naming_the_report(tmp_path:
         "RuntimeError: callback exploded"], r.stderr
 
 
+def test_a_program_declared_and_never_run_is_warned_of(tmp_path: Path) -> None:
+    # it exited 0 having computed nothing, without a word
+    driver = tmp_path / "forgets.py"
+    driver.write_text("import numpy as np\nimport canary\n\np = canary.Program('forgotten')\n"
+                      "a = p.dataset('a', 2)\np.load([a], lambda i, n: np.ones(2))\n")
+    r = canary_run(str(driver))
+    assert r.returncode == 0 and r.stdout == ""
+    assert r.stderr == "canary: warning: program 'forgotten' was declared but never run (call " \
+        "canary.run(p) to run it)\n"
+    ran = canary_run(str(DRIVERS / "counting.py"), "2", "2")  # a program that did run
+    assert ran.returncode == 0 and "never run" not in ran.stderr, ran.stderr
+
+
 def test_malformed_input_read_by_a_task_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.svm"
     bad.write_text("1 1:0.5 2:1.0\n0 1:0.25 2:oops\n1 1:1.0 2:2.0\n")
