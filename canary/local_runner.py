@@ -114,7 +114,8 @@ def deliver_copy(message: Any) -> None:
     """Give ``message`` its own arrays, as MPI delivers a copy: a later in-place kernel on the
     sender must not change what the receiver got."""
     if isinstance(message, (Piece, ReportPart)):
-        message.array = np.array(message.array, copy=True)
+        if message.array is not None:  # a partition never written is reported as None, as MPI
+            message.array = np.array(message.array, copy=True)
     elif isinstance(message, PieceBatch):
         for piece in message.pieces:
             piece.array = np.array(piece.array, copy=True)

@@ -50,11 +50,7 @@ class JobResult:
             raise KeyError(f"dataset '{name}' was not reported: declare p.report(dataset) in the "
                            f"program (reported: {', '.join(sorted(self.results)) or 'none'})")
         parts = self.results[name]
-        # a partition never written is reported as None (as an object array holding None,
-        # where the report was copied)
-        unset = next((k for k, v in enumerate(parts) if v is None or (
-            isinstance(v, np.ndarray) and v.dtype == object and v.shape == () and v.item() is None)),
-            None)
+        unset = next((k for k, v in enumerate(parts) if v is None), None)  # never written
         if unset is not None:
             raise ValueError(f"dataset '{name}': partition {unset} has no value: {NEVER_WRITTEN}")
         return parts
