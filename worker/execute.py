@@ -29,6 +29,7 @@ from canary.worker.tasks import (
     Stretch,
     Task,
     failure_text,
+    task_place,
 )
 
 
@@ -251,18 +252,18 @@ def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None,
     (dataset id, partition, value) are the failed function's; default: the task's reads."""
     exc = sys.exc_info()[1]
     assert exc is not None
-    label = label or task.label()
+    where = task_place(state.rank, state.worker, label or task.label())
     if inputs is None:
         inputs = [(p.dataset, p.index, p.value) for p in task.reads]
     unset = next(((d, k) for d, k, value in inputs if value is None), None)
     if unset is not None and not isinstance(exc, ResultError):
         name = state.program.datasets[unset[0]].name
-        return TaskFailed(eid, task, f"rank {state.rank} (worker {state.worker}): {label} "
-                                     f"failed: partition {unset[1]} of '{name}' has no value: "
-                                     f"{NEVER_WRITTEN}")
+        return TaskFailed(eid, task, f"{where} failed: partition {unset[1]} of '{name}' has no "
+                                     f"value: {NEVER_WRITTEN}")
     if isinstance(exc, ResultError):
-        return TaskFailed(eid, task, f"rank {state.rank} (worker {state.worker}): {label}: {exc}")
-    return TaskFailed(eid, task, failure_text(state.rank, state.worker, label, exc))
+        return TaskFailed(eid, task, f"{where}: {exc}")
+    return TaskFailed(eid, task, failure_text(state.rank, state.worker, label or task.label(),
+                                              exc))
 
 
 def _outputs(writes: tuple[Any, ...], res: Any) -> tuple[np.ndarray, ...]:

@@ -61,7 +61,13 @@ def failure_text(rank: int, worker: int, label: str, exc: BaseException) -> str:
     code's traceback, or only the message of canary's own errors, whose frames would say
     nothing to the user. Call it while ``exc`` is being handled (the traceback is its)."""
     why = str(exc) if isinstance(exc, CanaryError) else traceback.format_exc()
-    return f"rank {rank} (worker {worker}): {label} failed:\n{why}"
+    return f"{task_place(rank, worker, label)} failed:\n{why}"
+
+
+def task_place(rank: int, worker: int, label: str) -> str:
+    """How a failed task's message begins: ``rank R (worker W): LABEL``. Not
+    :func:`canary.ranks.role`: in a pool, a job's worker W need not be rank W + 1."""
+    return f"rank {rank} (worker {worker}): {label}"
 
 
 class Partition:
