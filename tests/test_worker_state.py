@@ -6,6 +6,7 @@ matter), and every state made in a test is checked with ``validate_state()`` aft
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -560,6 +561,22 @@ def test_compute_only_loop_runs_as_one_fused_stretch() -> None:
     assert [float(st.parts[(1, i)].value[0]) for i in range(3)] == [1024.0] * 3
     assert st.tasks_run == 3 + 60 and st.stretches_run == 1
     assert all(st.parts[(d, i)].last_seq == 20 for d in (0, 1) for i in range(3))
+
+
+def test_a_traced_stretch_reports_the_seconds_it_took() -> None:
+    # Tracing times each task inside a stretch; the stretch's own seconds (what the load reports
+    # and the balancer read) must still be its duration, not a time stamp's negative.
+    st, out = placed(compute_loop(parts=3, iters=10), 0, 1, max_fused=1000, inline=False)
+    while out[0].task.kind == K_LOAD:
+        out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+    (run,) = out
+    assert run.task.kind == K_FUSED
+    spans: list[tuple[float, float]] = []
+    began = time.perf_counter()
+    ev = run_task(st, run.task, next(EIDS), on_task=lambda *a: spans.append(a[-2:]))
+    took = time.perf_counter() - began
+    assert isinstance(ev, TaskDone) and 0 <= ev.seconds <= took
+    assert len(spans) == 60 and all(0 <= end - start <= took for start, end in spans)
 
 
 def test_fused_stretches_respect_max_fused_and_wait_for_each_other() -> None:

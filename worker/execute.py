@@ -147,7 +147,7 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch, eid: int, t0:
             vals = {d: p.value for d, p in row.items()}
             for fn, _, rids, wids, others in steps:
                 if on_task is not None:
-                    t0 = time.time()
+                    began = time.time()
                 res = fn(*[vals[d] for d in rids])
                 if type(res) is ndarray and len(wids) == 1 and not res.dtype.hasobject:
                     outs: tuple[np.ndarray, ...] = (res,)
@@ -156,7 +156,7 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch, eid: int, t0:
                 for d, v, oth in zip(wids, outs, others):
                     vals[d] = _alias_free(v, [vals[r] for r in oth]) if oth else v
                 if on_task is not None:
-                    on_task(*instances[n], i, t0, time.time())
+                    on_task(*instances[n], i, began, time.time())
                 n += 1
             out.extend((row[d], vals[d]) for d in stretch.written)
         except Exception:
