@@ -563,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     is_root = comm.Get_rank() == 0
     output = args.output
     if not check_outputs(PROG, {"--output": output, "--metrics": args.metrics,
-                                "--trace": args.trace}, comm):
+                                "--trace": args.trace}, comm,
+                         {"--input": args.input, "--init": args.init}):
         return 2
     t0 = time.perf_counter()
 

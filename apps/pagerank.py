@@ -685,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     is_root = comm.Get_rank() == 0
     if not check_outputs(PROG, {"--output": args.output, "--metrics": args.metrics,
-                                "--trace": args.trace}, comm):
+                                "--trace": args.trace}, comm,
+                         {"--input": args.input}):
         return 2
     t0 = time.perf_counter()
 

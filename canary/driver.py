@@ -27,11 +27,22 @@ def add_output_args(ap: argparse.ArgumentParser) -> None:
     """Add ``--metrics PATH``, ``--print-every K`` and ``--trace PATH`` to an app's parser."""
     ap.add_argument("--metrics", metavar="PATH",
                     help="write one JSON line per iteration to this file (rank 0)")
-    ap.add_argument("--print-every", type=int, default=1, metavar="K",
+    ap.add_argument("--print-every", type=_count, default=1, metavar="K",
                     help="print a progress line every K iterations (0: none; with no "
                          "--metrics either, the loop then sends rank 0 no report)")
     ap.add_argument("--trace", metavar="PATH", default=None,
                     help="write a Chrome trace-event JSON of the run (open it in Perfetto)")
+
+
+def _count(text: str) -> int:
+    """An integer >= 0 (argparse type): a negative one would silently mean 'never'."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: no progress lines), got {value}")
+    return value
 
 
 def reports_each_iteration(args: argparse.Namespace) -> bool:
@@ -107,28 +118,48 @@ def output_problem(path: str) -> str | None:
     return None
 
 
-def unwritable_output(outputs: Mapping[str, str | None]) -> str | None:
+def unwritable_output(outputs: Mapping[str, str | None],
+                      inputs: Mapping[str, str | None] | None = None) -> str | None:
     """``FLAG PATH: why`` for the first of ``outputs`` (flag -> path, None: not asked for) that
-    cannot be written (see :func:`output_problem`), or None when all can."""
+    cannot be written (see :func:`output_problem`), or None when all can.
+
+    Also refused, as nothing can be right after them: an empty path (the option given, the
+    output silently dropped), two outputs at one file (the last written would replace the
+    others), and an output at one of ``inputs`` (flag -> path: the files the job reads), which
+    opening it for writing would destroy before the job read it."""
+    seen: dict[str, str] = {}
+    read = {os.path.realpath(p): flag for flag, p in (inputs or {}).items() if p}
     for flag, path in outputs.items():
-        if path:
-            why = output_problem(path)
-            if why is not None:
-                return f"{flag} {path}: {why}"
+        if path is None:
+            continue
+        if not path:
+            return f"{flag} '': an empty file name; give a path or leave the option out"
+        why = output_problem(path)
+        if why is not None:
+            return f"{flag} {path}: {why}"
+        real = os.path.realpath(path)
+        if real in read:
+            return (f"{flag} {path} is the {read[real]} file: writing there would destroy the "
+                    "input; name another file")
+        if real in seen:
+            return (f"{seen[real]} and {flag} both name {path}: one would replace the other; "
+                    "give each its own file")
+        seen[real] = flag
     return None
 
 
-def check_outputs(app: str, outputs: Mapping[str, str | None], comm: Any) -> bool:
+def check_outputs(app: str, outputs: Mapping[str, str | None], comm: Any,
+                  inputs: Mapping[str, str | None] | None = None) -> bool:
     """Before any work: can rank 0 write every output it was asked for?
 
     A result that cannot be saved must be found out before the run, not after hours of it.
-    Rank 0 (which writes the outputs) checks ``outputs`` (flag -> path; see
-    :func:`unwritable_output`) and tells every rank of ``comm`` (an mpi4py communicator), so
+    Rank 0 (which writes the outputs) checks ``outputs`` (flag -> path) against ``inputs``
+    (see :func:`unwritable_output`) and tells every rank of ``comm`` (an mpi4py communicator), so
     all return the same; when a path is bad, rank 0 prints ``APP: error: FLAG PATH: why`` to
     stderr and every rank returns False (the caller exits with status 2). Collective: every
     rank must call it.
     """
-    problem = unwritable_output(outputs) if comm.Get_rank() == 0 else None
+    problem = unwritable_output(outputs, inputs) if comm.Get_rank() == 0 else None
     if comm.Get_size() > 1:
         problem = comm.bcast(problem, root=0)
     if problem is None:

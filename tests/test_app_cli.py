@@ -38,6 +38,19 @@ def test_an_output_that_cannot_be_written_stops_the_app_before_any_work(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.jsonl"]
 
 
+def test_an_output_at_the_input_file_is_refused_and_the_input_kept(tmp_path: Path) -> None:
+    # opening --metrics for writing truncated the input before the workers read it
+    X = np.random.default_rng(3).normal(size=(40, 3))
+    data = tmp_path / "data.npz"
+    np.savez(data, X=X, y=(X[:, 0] > 0).astype(np.float64))
+    before = data.read_bytes()
+    r = run_python("apps/logistic_regression.py", "--input", str(data), "--metrics", str(data))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"logistic_regression.py: error: --metrics {data} is the --input file: "
+                        "writing there would destroy the input; name another file\n")
+    assert data.read_bytes() == before
+
+
 def test_the_npz_output_is_written_at_exactly_the_path_given(tmp_path: Path) -> None:
     # numpy.savez appends .npz to a name without it: "km" became km.npz, and a directory's
     # name passed the check and got a file beside it

@@ -122,6 +122,40 @@ def test_unwritable_output_names_the_flag_and_the_path(tmp_path: Path) -> None:
         f"--trace {bad}: directory {tmp_path / 'nope'} does not exist")
 
 
+def test_outputs_that_clash_with_each_other_or_an_input_are_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data.npz"
+    data.write_bytes(b"the input")
+    m = str(tmp_path / "m.jsonl")
+    # an output at the input file would be truncated when opened, before the job reads it
+    assert unwritable_output({"--metrics": str(data)}, {"--input": str(data)}) == (
+        f"--metrics {data} is the --input file: writing there would destroy the input; "
+        "name another file")
+    # the same file by another spelling is the same file
+    other = str(tmp_path / "." / "data.npz")
+    assert unwritable_output({"--output": other}, {"--input": None, "--init": str(data)}) == (
+        f"--output {other} is the --init file: writing there would destroy the input; "
+        "name another file")
+    assert unwritable_output({"--output": None, "--metrics": m, "--trace": m}) == (
+        f"--metrics and --trace both name {m}: one would replace the other; "
+        "give each its own file")
+    assert unwritable_output({"--metrics": ""}) == (
+        "--metrics '': an empty file name; give a path or leave the option out")
+    assert unwritable_output({"--metrics": m, "--trace": str(tmp_path / "t.json")},
+                             {"--input": str(data)}) is None
+    assert data.read_bytes() == b"the input" and sorted(os.listdir(tmp_path)) == ["data.npz"]
+
+
+def test_print_every_must_be_a_count(capsys: pytest.CaptureFixture[str]) -> None:
+    ap = argparse.ArgumentParser(prog="app.py")
+    add_output_args(ap)
+    assert ap.parse_args(["--print-every", "0"]).print_every == 0
+    for bad, why in (("-1", "must be >= 0 (0: no progress lines), got -1"),
+                     ("x", "expected an integer >= 0, got 'x'")):
+        with pytest.raises(SystemExit):
+            ap.parse_args(["--print-every", bad])
+        assert f"app.py: error: argument --print-every: {why}" in capsys.readouterr().err
+
+
 class FakeComm:
     """An mpi4py communicator's rank, size and bcast, for ``check_outputs``."""
 
