@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from canary.driver import RESUME_ENV
+from canary.driver import RESUME_ENV, output_problem
 from canary.env import (
     BALANCE_ENV,
     CHAOS_ENV,
@@ -32,7 +32,8 @@ from canary.worker.config import WorkerConfig
 
 
 def run(program: Program, comm: object | None = None, window: int = 64,
-        trace: str | None = None, balance: bool | None = None) -> JobResult | None:
+        trace: str | os.PathLike[str] | None = None,
+        balance: bool | None = None) -> JobResult | None:
     """Run ``program``: rank 0 becomes the controller, ranks 1..N the workers.
 
     Returns the :class:`JobResult` on rank 0 and ``None`` on workers. With a single rank (a
@@ -65,16 +66,23 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     given = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(given, MPI.Comm):
         raise TypeError(f"canary.run: comm must be an mpi4py communicator, got {given!r}")
+    if balance is not None and not isinstance(balance, bool):
+        raise TypeError(f"canary.run: balance must be True, False or None, got {balance!r}")
+    path = trace_path(trace)
     rank, size = given.Get_rank(), given.Get_size()
     if size == 1:
         print("canary: one MPI rank, so running in-process with one worker "
               "(use `canary run -n N` for N workers)", file=sys.stderr)
-        if trace_path(trace):
+        if path:
             print("canary: --trace/CANARY_TRACE needs an MPI run; no trace written",
                   file=sys.stderr)
         return run_local(program, workers=1)
-    path = trace_path(trace)
     try:  # the environment, read once at start-up
+        # rank 0 writes the trace, and its file system is the one to ask (a worker's host may
+        # not have the folder); the others are ended by rank 0's abort below
+        why = output_problem(path) if path and rank == 0 else None
+        if why is not None:
+            raise ValueError(f"the trace file {path} (trace= or CANARY_TRACE): {why}")
         config = WorkerConfig.from_env(worker=rank - 1, n_workers=size - 1, window=window)
         startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0)
         stall_s = env_number("CANARY_STALL_S", 10.0)
@@ -121,11 +129,16 @@ def run(program: Program, comm: object | None = None, window: int = 64,
                        checkpoint_dir=None if checkpoint is None else checkpoint.directory,
                        resume_from=resume_from)
         if tracer is not None and path:
-            gather_and_write(comm, tracer, path, {"program": program.name,
-                                                  "workers": size - 1})
-            if rank == 0:
-                print(f"canary: trace written to {path} (open it in https://ui.perfetto.dev)",
-                      file=sys.stderr, flush=True)
+            try:
+                gather_and_write(comm, tracer, path, {"program": program.name,
+                                                      "workers": size - 1})
+            except OSError as exc:  # rank 0 only: the job's result matters more than its trace
+                print(f"canary: the trace could not be written to {path}: "
+                      f"{exc.strerror or exc}", file=sys.stderr, flush=True)
+            else:
+                if rank == 0:
+                    print(f"canary: trace written to {path} (open it in "
+                          "https://ui.perfetto.dev)", file=sys.stderr, flush=True)
         comm.Free()
         rank_in_job(False)  # the job is over: a rank that fails now waits for the others
         return result
@@ -153,8 +166,10 @@ def checkpoint_config(environ: Mapping[str, str]) -> SnapshotConfig | None:
     folder = environ.get(CHECKPOINT_ENV, "").strip()
     if not folder:
         return None
-    return SnapshotConfig(folder, env_number(CHECKPOINT_EVERY_ENV, 60.0, environ=environ),
-                          int(env_number(KEEP_ENV, 2, integer=True, environ=environ)),
+    return SnapshotConfig(folder, env_number(CHECKPOINT_EVERY_ENV, SnapshotConfig.every_s,
+                                             environ=environ),
+                          int(env_number(KEEP_ENV, SnapshotConfig.keep, integer=True,
+                                         environ=environ)),
                           os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "",
                           tuple(sys.argv[1:]))
 

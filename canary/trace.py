@@ -35,6 +35,7 @@ path: the worker runs a separate, instrumented loop only when tracing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -46,10 +47,14 @@ LEVELS = ("full", "loop")
 MESSAGE_US = 1.0  # drawn width of a send/receive slice
 
 
-def trace_path(trace: str | None = None) -> str | None:
-    """The trace file asked for: ``trace`` if given, else ``$CANARY_TRACE``, else None."""
+def trace_path(trace: str | os.PathLike[str] | None = None) -> str | None:
+    """The trace file asked for: ``trace`` if given, else ``$CANARY_TRACE``, else None.
+
+    Raises TypeError if ``trace`` is neither a path nor None."""
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise TypeError(f"trace must be a file path (str), got {trace!r}")
     if trace:
-        return trace
+        return os.fspath(trace)
     return os.environ.get(ENV) or None
 
 
@@ -167,11 +172,18 @@ def chrome_trace(per_rank: list[list[dict[str, Any]]], metadata: dict[str, Any] 
 
 def write_trace(path: str, per_rank: list[list[dict[str, Any]]],
                 metadata: dict[str, Any] | None = None) -> None:
-    """Write the merged trace to ``path`` (through a temporary file, then rename)."""
+    """Write the merged trace to ``path`` (through a temporary file, then rename).
+
+    Raises OSError if it cannot; the temporary file is then removed."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(chrome_trace(per_rank, metadata), f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(chrome_trace(per_rank, metadata), f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def gather_and_write(comm: Any, tracer: Tracer, path: str,

@@ -10,6 +10,7 @@ of tasks run: no task runs twice or not at all.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -398,6 +399,29 @@ def test_random_moves_over_mpi_give_the_same_answer_on_2_and_3_workers(
         assert (s["iterations"], s["tasks"]) == (base["iterations"], base["tasks"]), key
 
 
+def test_the_move_policy_follows_balance_and_chaos_replaces_it() -> None:
+    from canary.controller.balance import BalancePolicy, ChaosPolicy
+    from canary.mpi_runner import move_policy
+
+    assert move_policy({}, 2, balance=False) is None  # --balance off: a fixed placement
+    assert isinstance(move_policy({}, 2, balance=True), BalancePolicy)
+    for balance in (True, False):  # the experiment hook moves partitions either way
+        assert isinstance(move_policy({"CANARY_CHAOS_MIGRATE": "3"}, 2, balance), ChaosPolicy)
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"balance": "off"}, "balance must be True, False or None, got 'off'"),  # was taken as on
+    ({"trace": 123}, "trace must be a file path (str), got 123"),
+])
+def test_canary_run_refuses_a_setting_of_the_wrong_type_before_running(
+        kwargs: dict[str, Any], says: str) -> None:
+    p = Program("typed")
+    a = p.dataset("a", 2)
+    p.load([a], lambda i, n: np.ones(2))
+    with pytest.raises(TypeError, match=re.escape(says)):
+        canary.run(p, **kwargs)
+
+
 def test_an_unknown_chaos_seed_is_a_clear_error_at_start_up() -> None:
     from tests.conftest import mpirun
 
@@ -418,7 +442,9 @@ def test_a_worker_stuck_in_a_kernel_is_named() -> None:
 
 
 @pytest.mark.parametrize(("value", "says"), [("5:3", "the job has 2 workers: 0..1"),
-                                             ("1:0.5", "a number >= 1"), ("slow", "WORKER:FACTOR")])
+                                             ("1:0.5", "a finite number >= 1"),
+                                             ("1:inf", "a finite number >= 1"),  # spun forever
+                                             ("slow", "WORKER:FACTOR")])
 def test_a_bad_slowdown_is_named_with_what_it_must_be(value: str, says: str) -> None:
     from canary.worker.config import slowdown_from_env
 

@@ -73,6 +73,7 @@ def test_trace_path_prefers_argument_then_environment(monkeypatch) -> None:  # t
     assert trace_path(None) is None
     monkeypatch.setenv("CANARY_TRACE", "/tmp/x.json")
     assert trace_path(None) == "/tmp/x.json" and trace_path("y.json") == "y.json"
+    assert trace_path(Path("z.json")) == "z.json"
 
 
 def test_logistic_regression_trace_over_mpi(tmp_path: Path) -> None:
@@ -119,3 +120,14 @@ def test_an_unknown_trace_level_is_a_clear_error(tmp_path: Path) -> None:
                env_extra={"CANARY_TRACE_LEVEL": "tasks"})
     assert r.returncode != 0
     assert "CANARY_TRACE_LEVEL='tasks' is not one of full, loop" in r.stderr
+
+
+def test_a_trace_file_that_cannot_be_written_stops_the_job_before_it_runs(tmp_path: Path) -> None:
+    # it was found only once the whole job had run, by a traceback that lost the results
+    bad = tmp_path / "nope" / "t.json"
+    r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
+               env_extra={"CANARY_TRACE": str(bad)}, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.count(f"canary: error: the trace file {bad} (trace= or CANARY_TRACE): "
+                          f"directory {bad.parent} does not exist") == 1
+    assert "iter" not in r.stdout and not bad.parent.exists()

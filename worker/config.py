@@ -6,6 +6,7 @@ starts. The defaults are what the benchmarks in ``docs/performance.md`` were mea
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -135,18 +136,20 @@ SLOWDOWN_ENV = "CANARY_SLOWDOWN"
 def slowdown_from_env(environ: Mapping[str, str], n_workers: int | None) -> tuple[int, float] | None:
     """``CANARY_SLOWDOWN=WORKER:FACTOR`` as ``(worker, factor)``, or None when unset. Raises
     ValueError naming the variable unless WORKER is a 0-based worker index (below
-    ``n_workers`` when given) and FACTOR a number >= 1."""
+    ``n_workers`` when given) and FACTOR a finite number >= 1 (an infinite one would
+    stop the worker for good)."""
     raw = environ.get(SLOWDOWN_ENV, "").strip()
     if not raw:
         return None
     what = (f"environment variable {SLOWDOWN_ENV}={raw!r} is not WORKER:FACTOR (a 0-based "
-            "worker index and a number >= 1, e.g. 1:3): set it so or unset it")
+            "worker index and a finite number >= 1, e.g. 1:3): set it so or unset it")
     worker_s, sep, factor_s = raw.partition(":")
     try:
         worker, factor = int(worker_s), float(factor_s)
     except ValueError:
         raise ValueError(what) from None
-    if not sep or worker < 0 or not factor >= 1 or (n_workers is not None and worker >= n_workers):
+    if (not sep or worker < 0 or not 1 <= factor < math.inf
+            or (n_workers is not None and worker >= n_workers)):
         if n_workers is not None and worker >= n_workers:
             what += f" (the job has {n_workers} workers: 0..{n_workers - 1})"
         raise ValueError(what)
