@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -14,10 +15,11 @@ import tempfile
 from pathlib import Path
 
 from canary import hosts, launch
-from canary.driver import RESUME_ENV
+from canary.driver import RESUME_ENV, out_of_range
 from canary.env import BALANCE_ENV, CHECKPOINT_ENV, CHECKPOINT_EVERY_ENV, KEEP_ENV
 from canary.snapshot import (
     Manifest,
+    SnapshotConfig,
     SnapshotError,
     check_same_job,
     choose,
@@ -119,7 +121,8 @@ def _run(args: argparse.Namespace) -> int:
     for line in where.warnings:
         print(f"canary run: warning: {line}", file=sys.stderr)
     env = mpiexec_env(args.timeout, launch.checkout_root())
-    env[BALANCE_ENV] = args.balance
+    if args.balance is not None:  # else the ranks read CANARY_BALANCE, if set, themselves
+        env[BALANCE_ENV] = args.balance
     if checkpoint:
         try:
             os.makedirs(checkpoint, exist_ok=True)
@@ -127,8 +130,12 @@ def _run(args: argparse.Namespace) -> int:
             print(f"canary run: --checkpoint {checkpoint}: cannot create the folder "
                   f"({exc.strerror or exc})", file=sys.stderr)
             return 2
-        env.update({CHECKPOINT_ENV: os.path.abspath(checkpoint),
-                    CHECKPOINT_EVERY_ENV: str(args.checkpoint_every), KEEP_ENV: str(args.keep)})
+        env[CHECKPOINT_ENV] = os.path.abspath(checkpoint)
+        # not given: the ranks' defaults, or CANARY_CHECKPOINT_EVERY / CANARY_KEEP if set
+        if args.checkpoint_every is not None:
+            env[CHECKPOINT_EVERY_ENV] = str(args.checkpoint_every)
+        if args.keep is not None:
+            env[KEEP_ENV] = str(args.keep)
         if snap is None and committed(checkpoint):
             print(f"canary: note: {checkpoint} already holds snapshots of an earlier run; this "
                   "run starts afresh (`--resume DIR` continues from them)", file=sys.stderr)
@@ -256,14 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=int, default=None,
                    help="kill the job after this many seconds (sets MPIEXEC_TIMEOUT)")
     r.add_argument("-v", "--verbose", action="store_true", help="print the mpiexec command")
-    r.add_argument("--balance", choices=("on", "off"), default="on",
-                   help="move partitions off workers that are markedly slower (default on; "
-                        "sets CANARY_BALANCE for the ranks)")
+    r.add_argument("--balance", choices=("on", "off"), default=None,
+                   help="move partitions off workers that are markedly slower (default: "
+                        "CANARY_BALANCE if set, else on; sets CANARY_BALANCE for the ranks)")
     r.add_argument("--checkpoint", metavar="DIR", default=None,
                    help="write snapshots into DIR (see 'snapshots' below)")
-    r.add_argument("--checkpoint-every", metavar="SECONDS", type=float, default=60.0,
-                   help="seconds of run time between snapshots (default 60)")
-    r.add_argument("--keep", type=int, default=2, help="committed snapshots kept (default 2)")
+    r.add_argument("--checkpoint-every", metavar="SECONDS", type=float, default=None,
+                   help="seconds of run time between snapshots (default "
+                        f"{SnapshotConfig.every_s:g})")
+    r.add_argument("--keep", type=int, default=None,
+                   help=f"committed snapshots kept (default {SnapshotConfig.keep})")
     r.add_argument("--restarts", type=int, default=0, metavar="K",
                    help="when a rank dies, relaunch from the last snapshot, at most K times")
     r.add_argument("--resume", metavar="DIR", default=None,
@@ -280,8 +289,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "run":
-        if args.restarts < 0 or args.keep < 1 or args.checkpoint_every < 0:
-            r.error("--restarts must be >= 0, --keep >= 1 and --checkpoint-every >= 0")
+        every, keep = args.checkpoint_every, args.keep
+        bad = out_of_range(
+            ("--restarts", args.restarts, args.restarts >= 0, ">= 0"),
+            ("--keep", keep, keep is None or keep >= 1, ">= 1"),
+            ("--checkpoint-every", every, every is None or every >= 0 and math.isfinite(every),
+             "a number of seconds >= 0"))
+        if bad:
+            r.error(bad)
+        if (every is not None or keep is not None) and not (args.checkpoint or args.resume):
+            r.error("--checkpoint-every and --keep need --checkpoint DIR (where the snapshots "
+                    "go)")
         if args.timeout is not None and args.timeout < 1:
             r.error(f"--timeout must be at least 1 second, got {args.timeout} (leave it out "
                     "for no time limit)")

@@ -65,7 +65,13 @@ def test_bad_invocations_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
     (["--timeout", "-5"], "--timeout must be at least 1 second, got -5 (leave it out for no "
                           "time limit)"),
     (["--timeout", "0"], "--timeout must be at least 1 second, got 0"),
-    (["--keep", "0"], "--restarts must be >= 0, --keep >= 1"),
+    (["--keep", "0", "--checkpoint", "ck"], "--keep must be >= 1, got 0"),
+    (["--restarts", "-1"], "--restarts must be >= 0, got -1"),
+    (["--checkpoint-every", "nan", "--checkpoint", "ck"],
+     "--checkpoint-every must be a number of seconds >= 0, got nan"),
+    # without a folder they were silently ignored
+    (["--keep", "3"], "--checkpoint-every and --keep need --checkpoint DIR"),
+    (["--checkpoint-every", "5"], "--checkpoint-every and --keep need --checkpoint DIR"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_a_bad_run_option_is_said_with_canary_runs_usage(
@@ -76,6 +82,16 @@ def test_a_bad_run_option_is_said_with_canary_runs_usage(
     err = capsys.readouterr().err
     assert stop.value.code == 2 and f"canary run: error: {says}" in err
     assert err.startswith("usage: canary run ")
+
+
+def test_canary_balance_set_in_the_environment_reaches_the_ranks() -> None:
+    # canary run used to overwrite it with its own default, so a wrong value went unseen too
+    env = {**os.environ, "CANARY_BALANCE": "maybe"}
+    r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "1", "--timeout", "60",
+                        "apps/power_iteration.py"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.count("CANARY_BALANCE='maybe' is not one of on, off") == 1, r.stderr
 
 
 def test_canary_run_executes_the_default_example_end_to_end() -> None:
