@@ -107,10 +107,12 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], byte
     return get
 
 
-# every app, at 2 and 3 workers, losing a worker (a different one each time) and then, once
-# restarted, the controller, or the other way round: every app loses each kind of rank at each
-# worker count, and a restarted job recovers again
-@pytest.mark.parametrize("app,workers", [(app, w) for app in sorted(APPS) for w in (2, 3)])
+# A worker (a different one each time) and then, once restarted, the controller, or the other
+# way round: every app loses each kind of rank, and a restarted job recovers again. The four
+# cases cover every app and, at each of 2 and 3 workers, both orders (the order follows the
+# parity of the app's index plus the worker count); each case is three launches and a run.
+@pytest.mark.parametrize("app,workers", [("kmeans", 2), ("logistic_regression", 2),
+                                         ("logistic_regression", 3), ("pagerank", 3)])
 def test_killed_ranks_are_restarted_from_the_last_snapshot_with_the_same_answer(
         app: str, workers: int, tmp_path: Path, references: Callable[[str], bytes]) -> None:
     k = sorted(APPS).index(app)
