@@ -14,25 +14,27 @@ KEEP_ENV = "CANARY_KEEP"  # snapshots kept
 
 
 def env_number(name: str, default: float, minimum: float = 0.0, integer: bool = False,
-               environ: Mapping[str, str] = os.environ) -> float:
+               environ: Mapping[str, str] = os.environ, above: bool = False) -> float:
     """The value of environment variable ``name`` as a number (``default`` when unset or empty).
 
     Raises ValueError naming the variable, its value and what it accepts when the value is not
-    a number (an integer if ``integer``) or is below ``minimum``: a typo in a launch script must
-    not silently fall back to the default.
+    a number (an integer if ``integer``) or is below ``minimum`` (or equal to it, if ``above``):
+    a typo in a launch script must not silently fall back to the default.
     """
     raw = environ.get(name, "").strip()
     if not raw:
         return default
     want = "an integer" if integer else "a number"
+    rule = f"{want} {'>' if above else '>='} {minimum:g}"
     try:
         value = float(int(raw)) if integer else float(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} is not {want}: set it to "
-                         f"{want} >= {minimum:g} or unset it (default {default:g})") from None
-    if not value >= minimum:  # also rejects nan
-        raise ValueError(f"environment variable {name}={raw!r} is below {minimum:g}: set it to "
-                         f"{want} >= {minimum:g} or unset it (default {default:g})")
+                         f"{rule} or unset it (default {default:g})") from None
+    if not (value > minimum if above else value >= minimum):  # also rejects nan
+        raise ValueError(f"environment variable {name}={raw!r} is "
+                         f"{'not above' if above else 'below'} {minimum:g}: set it to "
+                         f"{rule} or unset it (default {default:g})")
     return value
 
 

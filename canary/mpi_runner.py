@@ -28,7 +28,7 @@ from canary.ranks import RankRun, abort_job, rank_in_job
 from canary.result import JobResult
 from canary.snapshot import Manifest, SnapshotConfig, check_resumable, read_manifest
 from canary.trace import Tracer, gather_and_write, trace_level, trace_path
-from canary.worker.config import WorkerConfig
+from canary.worker.config import SLOWDOWN_ENV, WorkerConfig
 
 
 def run(program: Program, comm: object | None = None, window: int = 64,
@@ -61,14 +61,14 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     raises :class:`canary.snapshot.SnapshotMismatchError` on every rank if it was taken of
     another program.
     """
+    if balance is not None and not isinstance(balance, bool):
+        raise TypeError(f"canary.run: balance must be True, False or None, got {balance!r}")
+    path = trace_path(trace)
     from mpi4py import MPI
 
     given = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(given, MPI.Comm):
         raise TypeError(f"canary.run: comm must be an mpi4py communicator, got {given!r}")
-    if balance is not None and not isinstance(balance, bool):
-        raise TypeError(f"canary.run: balance must be True, False or None, got {balance!r}")
-    path = trace_path(trace)
     rank, size = given.Get_rank(), given.Get_size()
     if size == 1:
         print("canary: one MPI rank, so running in-process with one worker "
@@ -76,6 +76,11 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if path:
             print("canary: --trace/CANARY_TRACE needs an MPI run; no trace written",
                   file=sys.stderr)
+        # one worker: nothing to slow beside or move between (run_local(chaos=) moves in-process)
+        for name in (CHAOS_ENV, SLOWDOWN_ENV):
+            if os.environ.get(name, "").strip():
+                print(f"canary: {name} needs an MPI run with workers to compare or move "
+                      "between; ignored", file=sys.stderr)
         return run_local(program, workers=1)
     try:  # the environment, read once at start-up
         # rank 0 writes the trace, and its file system is the one to ask (a worker's host may
@@ -84,8 +89,8 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if why is not None:
             raise ValueError(f"the trace file {path} (trace= or CANARY_TRACE): {why}")
         config = WorkerConfig.from_env(worker=rank - 1, n_workers=size - 1, window=window)
-        startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0)
-        stall_s = env_number("CANARY_STALL_S", 10.0)
+        startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0, above=True)
+        stall_s = env_number("CANARY_STALL_S", 10.0, above=True)
         check_report_period(config.report_s, stall_s)
         loop_only = trace_level() == "loop"
         if balance is None:

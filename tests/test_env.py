@@ -37,6 +37,16 @@ def test_bad_values_name_the_variable_and_what_to_set(raw: str, integer: bool,
     assert "unset it (default 1000)" in msg
 
 
+def test_a_time_that_must_be_above_zero_refuses_zero() -> None:
+    # CANARY_STARTUP_TIMEOUT=0 was accepted, and every job then failed blaming its driver
+    with pytest.raises(ValueError) as err:
+        env_number("CANARY_STARTUP_TIMEOUT", 120, above=True,
+                   environ={"CANARY_STARTUP_TIMEOUT": "0"})
+    assert str(err.value) == ("environment variable CANARY_STARTUP_TIMEOUT='0' is not above 0: "
+                              "set it to a number > 0 or unset it (default 120)")
+    assert env_number("CANARY_STALL_S", 10, above=True, environ={"CANARY_STALL_S": "0.5"}) == 0.5
+
+
 def test_a_typo_in_canary_compile_after_stops_the_import() -> None:
     # read at import time: the process must fail with the variable's name, not run on a default
     proc = subprocess.run([sys.executable, "-c", "import canary.worker.chain"], cwd=ROOT,

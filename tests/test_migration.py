@@ -422,6 +422,34 @@ def test_canary_run_refuses_a_setting_of_the_wrong_type_before_running(
         canary.run(p, **kwargs)
 
 
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"workers": 0}, "workers must be an integer >= 1, got 0"),
+    ({"chaos": "x"}, "chaos must be an integer >= 0 (a seed) or None, got 'x'"),
+    ({"chaos": True}, "got True"),  # a bool is an int: it ran as seed 1
+    ({"chaos": -1}, "got -1"),
+])
+def test_run_local_refuses_workers_or_a_chaos_seed_it_cannot_use(kwargs: dict[str, Any],
+                                                                  says: str) -> None:
+    p = Program("checked")
+    a = p.dataset("a", 2)
+    p.load([a], lambda i, n: np.ones(2))
+    with pytest.raises(ValueError, match=re.escape(says)):
+        canary.run_local(p, **kwargs)
+    assert canary.run_local(p, workers=np.int64(2), chaos=np.int64(3)).tasks_run == 2
+
+
+def test_the_experiment_hooks_say_they_are_ignored_in_one_process() -> None:
+    from tests.app_helpers import run_python
+
+    r = run_python("apps/power_iteration.py", "--partitions", "2",
+                   prelude="import os; os.environ['CANARY_SLOWDOWN'] = '5:3'; "
+                           "os.environ['CANARY_CHAOS_MIGRATE'] = '7'")
+    assert r.returncode == 0, r.stderr
+    for name in ("CANARY_CHAOS_MIGRATE", "CANARY_SLOWDOWN"):
+        assert f"canary: {name} needs an MPI run with workers to compare or move between; " \
+               "ignored" in r.stderr
+
+
 def test_an_unknown_chaos_seed_is_a_clear_error_at_start_up() -> None:
     from tests.conftest import mpirun
 
