@@ -520,6 +520,14 @@ class Finish(Instruction):
     __eq__ = _fields_equal
 
 
+def size_text(nbytes: int) -> str:
+    """``nbytes`` as a person reads it in a progress line: '3.2 MiB', '12.0 KiB', '512 B'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 @dataclass(slots=True, eq=False)
 class Progress(Instruction):
     """Controller: print ``line`` on rank 0 (a partition moved, a worker makes no progress)."""

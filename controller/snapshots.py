@@ -26,6 +26,7 @@ from canary.messages import (
     SnapshotCommitted,
     SnapshotPosition,
     SnapshotWritten,
+    size_text,
     worker_rank,
 )
 from canary.program import Program
@@ -175,4 +176,4 @@ class ControllerSnapshots:
                              "goes on", self._cause)]
         self.snapshots_committed += 1
         return [Progress(f"canary: snapshot {ev.snap} committed ({where}, "
-                         f"{nbytes / 2**20:.1f} MiB)", self._cause)]
+                         f"{size_text(nbytes)})", self._cause)]

@@ -36,6 +36,7 @@ from canary.messages import (
     SnapshotPosition,
     SnapshotWritten,
     Tick,
+    size_text,
     worker_rank,
 )
 from canary.partition_map import PartitionMap
@@ -224,7 +225,7 @@ class ControllerState(ControllerSnapshots):
         self.bytes_migrated += ev.nbytes
         names = ", ".join(d.name for d in self.program.groups[g])
         out: list[Any] = [Progress(f"canary: moved partition {i} of {names} from worker {src} to "
-                                   f"worker {dst} ({ev.nbytes / 2**20:.1f} MiB): {why}",
+                                   f"worker {dst} ({size_text(ev.nbytes)}): {why}",
                                    self._cause)]
         return out + self._finish_if_done()
 

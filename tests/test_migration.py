@@ -332,6 +332,14 @@ def test_a_move_bumps_the_version_updates_every_worker_and_tells_the_source() ->
     c.validate_state()
 
 
+def test_sizes_in_progress_lines_are_in_a_unit_that_shows_them() -> None:
+    from canary.messages import size_text
+
+    # a small move was shown as "(0.0 MiB)"
+    assert [size_text(n) for n in (0, 64, 1536, 5 << 20, 3 << 30)] == [
+        "0 B", "64 B", "1.5 KiB", "5.0 MiB", "3.0 GiB"]
+
+
 def test_a_partition_under_way_does_not_move_again_until_its_move_is_done() -> None:
     c, p = placed_controller(2)
     ga = group_of(p, "a")
@@ -340,7 +348,7 @@ def test_a_partition_under_way_does_not_move_again_until_its_move_is_done() -> N
     assert c.moving(ga, 0)
     out = c.handle(MigrateDone(52, 1, 1, 64))
     assert out == [Progress.match(cause=52)]
-    assert "moved partition 0 of a from worker 0 to worker 1" in out[0].line
+    assert "moved partition 0 of a from worker 0 to worker 1 (64 B)" in out[0].line
     assert (c.migrations, c.bytes_migrated, c.moving(ga, 0)) == (1, 64, False)
     assert c.handle(MoveRequest(53, ((ga, 0, 0),))) != []  # done: it may move again
 
