@@ -524,11 +524,20 @@ def test_a_trace_shows_each_move_on_both_workers(cancer: Path, tmp_path: Path) -
     assert moved > 0 and len(outs) == len(ins) == moved
     assert {e["pid"] for e in spans} <= {1, 2}
     assert sorted(e["args"]["move"] for e in outs) == sorted(e["args"]["move"] for e in ins)
-    # the load reports the controller received, beside the moves: every worker's, in order
+    # each move's two spans name the same partition (the destination's named none), and the
+    # destination says how many bytes came
+    out_of = {e["args"]["move"]: (e["args"]["group"], e["args"]["index"]) for e in outs}
+    assert all(out_of[e["args"]["move"]] == (e["args"]["group"], e["args"]["index"])
+               for e in ins)
+    assert all(0 <= i < 6 for _, i in out_of.values())
+    assert sum(e["args"]["bytes"] for e in ins) == summary(r.stdout)["bytes_migrated"]
+    # the load reports the controller received, beside the moves: every worker's, in order,
+    # none with negative busy seconds
     from canary.trace import load_events, load_reports
 
     reports = load_reports(load_events(str(trace)))
     assert {rep.worker for _, rep in reports} == {0, 1}
+    assert all(sec >= 0 for _, rep in reports for _, _, sec, _ in rep.busy)
     for w in (0, 1):
         seqs = [rep.seq for _, rep in reports if rep.worker == w]
         assert seqs == sorted(seqs) and all(rep.interval > 0 for _, rep in reports)

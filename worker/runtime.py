@@ -89,7 +89,8 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         clock = tracer.clock
         trace_task = tracer.task
         trace_send = tracer.send if full else None
-        moves: dict[int, tuple[float, int]] = {}  # move -> when it began here, bytes recycled then
+        # move -> when it began here, bytes recycled then, its group and partition index
+        moves: dict[int, tuple[float, int, int, int]] = {}
         span = tracer.span
 
         def trace_recv(src: int, msg: Any) -> None:
@@ -97,7 +98,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                 tracer.recv(src, msg)
             kind = type(msg)
             if kind is MigrateOut or kind is MigrateOffer:
-                moves[msg.move] = (clock(), recycler.recycled_bytes)
+                moves[msg.move] = (clock(), recycler.recycled_bytes, msg.group, msg.index)
 
         def send(dest: int, msg: Any) -> None:
             if trace_send is not None:
@@ -105,11 +106,14 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             kind = type(msg)
             if kind is MigrateData or kind is MigrateDone:
                 out = kind is MigrateData
-                began, recycled = moves.pop(msg.move, (clock(), recycler.recycled_bytes))
+                began, recycled, group, index = moves.pop(
+                    msg.move, (clock(), recycler.recycled_bytes, -1, -1))
+                # the values follow the source's MigrateData: only the destination knows
+                # their size when its span ends
                 span("migrate out" if out else "migrate in", began, clock(),
-                     {"move": msg.move, "group": msg.group if out else None,
-                      "index": msg.index if out else None, "bytes": None if out else msg.nbytes,
-                      "recycled": None if out else recycler.recycled_bytes - recycled})
+                     {"move": msg.move, "group": group, "index": index} if out else
+                     {"move": msg.move, "group": group, "index": index, "bytes": msg.nbytes,
+                      "recycled": recycler.recycled_bytes - recycled})
             tx.send(dest, msg)
 
         if full:
