@@ -59,6 +59,7 @@ from canary.driver import (
     out_of_range,
     planned_workers,
     reports_each_iteration,
+    save_npz,
     write_outputs,
 )
 from canary.generate import BLOCK_EDGES, rmat_edges
@@ -454,7 +455,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="set-up reads each partition's edges in chunks of about this many "
                          "(smaller: less memory while loading, more tasks; default: 1/16 of "
                          "a partition, a power of two in [4096, 65536])")
-    ap.add_argument("--output", help="write 'vertex rank' lines, sorted by vertex id")
+    ap.add_argument("--output", help="write 'vertex rank' lines, sorted by vertex id (a name "
+                                     "ending in .npz: the arrays vertex and rank)")
     ap.add_argument("--top", type=int, default=0, help="print the K highest-ranked vertices")
     add_output_args(ap)
     args = ap.parse_args(argv)
@@ -672,6 +674,11 @@ def ranks_by_id(result: canary.JobResult) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_ranks(path: str, ids: np.ndarray, ranks: np.ndarray) -> None:
+    """'vertex rank' text lines sorted by vertex id, or, for a name ending in .npz, the arrays
+    ``vertex`` and ``rank`` (what the other apps write: a .npz name got text)."""
+    if path.endswith(".npz"):
+        save_npz(path, vertex=ids, rank=ranks)
+        return
     with open(path, "w") as f:
         for a in range(0, len(ids), 65536):
             f.write("".join(f"{int(i)} {float(r):.17g}\n"
