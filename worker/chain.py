@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from canary.env import env_number
+from canary.worker.config import WorkerConfig
 
-COMPILE_AFTER = int(env_number("CANARY_COMPILE_AFTER", 200000, integer=True))
 MAX_BODY = 16  # longest body compiled (a stretch with no shorter period is one long body)
 
 _FAILED = object()
@@ -61,7 +60,8 @@ class ChainCache:
     (:func:`is_compile_error`; nothing has run then), call ``failed(fns)`` and run in Python.
     """
 
-    def __init__(self, compile_after: int = COMPILE_AFTER) -> None:
+    # an MPI worker sets its WorkerConfig's (CANARY_COMPILE_AFTER, read with the other knobs)
+    def __init__(self, compile_after: int = WorkerConfig.compile_after) -> None:
         self.compile_after = compile_after
         self.python_tasks: dict[tuple[Any, ...], int] = {}
         self.loops: dict[tuple[Any, ...], Any] = {}
