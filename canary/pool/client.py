@@ -181,10 +181,13 @@ def submit(script: str, args: Sequence[str] = (), root: str | os.PathLike[str] |
 
 def status(job: int, root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The job's status (see :mod:`canary.pool.spool`); a job that was not final when its pool
-    ended unexpectedly is ``lost``. PoolError for an unknown id."""
+    ended unexpectedly is ``lost``. PoolError for an unknown id, or that no pool runs there if
+    none ever ran a job there."""
     sp = _spool(root)
     st = read_json(sp.status_file(job))
     if st is None:
+        if not sp.job_ids():  # no pool ever ran jobs here: a wrong --dir, most likely
+            pool_info(sp.root)
         raise PoolError(f"no job {job} in the pool at {sp.root} (`canary jobs` lists them)")
     if st.get("state") not in FINAL_STATES:
         try:
@@ -268,15 +271,20 @@ def cancel(job: int, root: str | os.PathLike[str] | None = None) -> None:
 
 
 def jobs(root: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
-    """Every job of the pool directory, oldest first, with its status."""
+    """Every job of the pool directory, oldest first, with its status (those of a pool that
+    has ended too). Raises PoolError if no pool runs there and none left jobs: an empty list
+    would look like an idle pool to someone who named the wrong directory."""
     sp = _spool(root)
+    ids = sp.job_ids()
     try:
         pool_info(sp.root)
         alive = True
     except PoolError:
+        if not ids:
+            raise
         alive = False
     out = []
-    for job in sp.job_ids():
+    for job in ids:
         st = read_json(sp.status_file(job)) or {"job": job, "state": "queued"}
         if not alive and st.get("state") not in FINAL_STATES:
             st["state"] = "lost"
