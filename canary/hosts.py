@@ -239,9 +239,10 @@ def plan_ranks(hosts: list[Host], ranks: int, ppn: int | None = None) -> RankPla
     if sum(caps) < ranks:
         how = (f"--ppn {ppn} x {len(hosts)} host(s)" if ppn is not None else
                f"the {sum(caps)} slot(s) of {len(hosts)} host(s)")
+        # one rank is the controller: a single slot holds no worker, so -n 0 is no advice
+        fewer = f"fewer workers (-n {sum(caps) - 1}), " if sum(caps) >= 2 else ""
         raise HostError(f"{ranks} ranks (the workers plus the controller) do not fit {how} = "
-                        f"{sum(caps)}: use fewer workers (-n {max(sum(caps) - 1, 0)}), more "
-                        f"hosts, or a larger --ppn")
+                        f"{sum(caps)}: use {fewer}more hosts, or a larger --ppn")
     placed, left = [], ranks
     for h, cap in zip(hosts, caps):
         k = min(cap, left)

@@ -107,6 +107,10 @@ def test_ppn_fills_hosts_in_order_and_warns_above_a_hosts_slots() -> None:
         plan_ranks(hosts, 7, ppn=3)
     with pytest.raises(HostError, match=r"do not fit the 6 slot\(s\) of 2 host\(s\)"):
         plan_ranks(hosts, 7)
+    # one slot holds the controller alone: no worker count fits it, so none is suggested
+    with pytest.raises(HostError, match=r"do not fit --ppn 1 x 1 host\(s\) = 1: use more hosts, "
+                                        r"or a larger --ppn$"):
+        plan_ranks(hosts[:1], 3, ppn=1)
     with pytest.raises(HostError, match="--ppn must be at least 1"):
         plan_ranks(hosts, 2, ppn=0)
 
