@@ -529,6 +529,12 @@ def test_text_that_is_not_svmlight_or_an_edge_list(tmp_path: Path) -> None:
                                                r"table of plain numbers is not svmlight"):
         count_rows(dense)
     assert count_rows(dense, n_features=2) == (2, 2)  # label-only rows, when asked for
+    # features all at index 0 are a 0-based file, not a table of plain numbers
+    zero = tmp_path / "zero.svm"
+    zero.write_text("# a comment 0:9\n1 0:1\n0 0:2\n")
+    with pytest.raises(InputFormatError, match=r"zero\.svm:2: feature index 0 in '0:1' is not "
+                                               r"1-based"):
+        count_rows(zero)
     csv = tmp_path / "t.csv"
     csv.write_text("1.0,0.5,2\n0.0,1.5,3\n")
     with pytest.raises(InputFormatError, match=r"t\.csv:1: label '1\.0,0\.5,2' contains ','.*"

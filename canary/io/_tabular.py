@@ -46,6 +46,19 @@ def _kind(path: str) -> str:
 # ---------------------------------------------------------------------------
 
 
+def _first_index_zero(path: str, limit: int = 1 << 20) -> tuple[int, str] | None:
+    """(line number, token) of the first ``0:VALUE`` feature in the first ``limit`` bytes of an
+    svmlight file, or None."""
+    with open(path, "rb") as f:
+        head = f.read(limit).decode("utf-8", "replace")
+    for k, line in enumerate(head.splitlines(), 1):
+        for tok in line.split("#", 1)[0].split()[1:]:
+            index, colon, _ = tok.partition(":")
+            if colon and index.isdigit() and int(index) == 0:
+                return k, tok
+    return None
+
+
 def count_rows(path: PathLike, n_features: int | None = None) -> tuple[int, int]:
     """(n_rows, n_features) of a tabular file, cheaply.
 
@@ -69,6 +82,11 @@ def count_rows(path: PathLike, n_features: int | None = None) -> tuple[int, int]
     if kind == "svmlight":
         n, d = _svm_count(p)
         if n > 0 and d == 0 and n_features is None:
+            zero = _first_index_zero(p)
+            if zero is not None:  # features there, all at index 0: a 0-based file
+                line, tok = zero
+                raise InputFormatError(f"{p}:{line}: feature index 0 in '{tok}' is not 1-based "
+                                       f"({_EXPECT_FEATURE} >= 1)")
             raise InputFormatError(
                 f"{p}: no line has an INDEX:VALUE feature (expected 'LABEL INDEX:VALUE ...' "
                 "lines; a table of plain numbers is not svmlight: save it with numpy.save as "
