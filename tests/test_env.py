@@ -71,6 +71,10 @@ def test_the_load_report_period_is_set_by_canary_report_ms_and_must_fit_the_stal
     assert WorkerConfig.from_env({"CANARY_REPORT_MS": "20"}).report_s == pytest.approx(0.02)
     with pytest.raises(ValueError, match="CANARY_REPORT_MS='often' is not a number"):
         WorkerConfig.from_env({"CANARY_REPORT_MS": "often"})
+    for bad in ("-5", "0"):  # -5 was told 'a number >= 0', and 0 was then refused
+        with pytest.raises(ValueError, match=f"CANARY_REPORT_MS='{bad}' is not above 0: set it "
+                                             "to a number > 0"):
+            WorkerConfig.from_env({"CANARY_REPORT_MS": bad})
     check_report_period(0.5, 10.0)
     check_report_period(5.0, 15.0)
     # reports rarer than a third of the stall time would have working workers named as stuck

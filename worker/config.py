@@ -120,8 +120,9 @@ class WorkerConfig:
         defaults = cls()
         for var, (name, unit, integer) in ENVIRONMENT.items():
             if environ.get(var, "").strip():
+                # a report period of 0 would flood the controller: above 0, said up front
                 raw = env_number(var, getattr(defaults, name) / unit, integer=integer,
-                                 environ=environ)
+                                 environ=environ, above=name == "report_s")
                 values[name] = int(raw * unit) if integer else raw * unit
         known = {f.name for f in fields(cls)}
         unknown = set(overrides) - known
