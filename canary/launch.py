@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from canary.env import CHECKPOINT_ENV
 from canary.mpich_shm import remove_orphans, remove_stale
 from canary.ranks import RunRecords, read_records, role
 from canary.sentinel import (
@@ -285,12 +286,28 @@ class JobEnd:
     aborts: dict[int, int] = field(default_factory=dict)
     wrote_stderr: set[int] = field(default_factory=set)
     host: str = ""  # this host's name: ranks elsewhere are named with their host
+    checkpoint: str = ""  # the job's snapshot folder (canary run --checkpoint), if any
 
 
 _STOP_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
                signal.SIGHUP: "hung up"}
 LOST = ("the job's results are lost unless it kept snapshots (with --checkpoint DIR, "
         "`canary run --resume DIR` continues from the last one)")
+
+
+def _lost(end: JobEnd) -> str:
+    """What became of an unfinished job's results: lost, or where its snapshots are."""
+    if end.checkpoint:
+        from canary.snapshot import SnapshotError, committed
+
+        try:
+            kept = bool(committed(end.checkpoint))
+        except SnapshotError:
+            kept = False
+        if kept:
+            return (f"its snapshots are in {end.checkpoint}: `canary run --resume "
+                    f"{end.checkpoint}` continues from the last one")
+    return LOST
 
 
 def verdict(end: JobEnd) -> tuple[int, list[str]]:
@@ -310,7 +327,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         return 128 + end.stopped_by, [f"canary: {word}; job stopped"]
     if end.timed_out is not None:
         return 124, [f"canary: the job ran past its time limit of {end.timed_out} s "
-                     f"(--timeout or MPIEXEC_TIMEOUT) and was stopped; {LOST}"]
+                     f"(--timeout or MPIEXEC_TIMEOUT) and was stopped; {_lost(end)}"]
 
     def name(rank: int) -> str:
         start = rec.starts.get(rank)
@@ -341,7 +358,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     if died:
         first = died[0]
         phrase, status = how_it_ended(rec.gone[first].returncode)
-        line = f"canary: {name(first)} {phrase} before the job finished; {LOST}"
+        line = f"canary: {name(first)} {phrase} before the job finished; {_lost(end)}"
         if len(died) > 1:
             line += f" ({', '.join(role(r) for r in died[1:])} ended too)"
         return status, [line]
@@ -360,7 +377,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         return (code if code >= 0 else 128 - code), []
     status = end.mpiexec_status if end.mpiexec_status > 0 else 1
     names = ", ".join(name(r) for r in unfinished)
-    return status, [f"canary: the job ended before it finished ({names} did not finish); {LOST}"]
+    return status, [f"canary: the job ended before it finished ({names} did not finish); {_lost(end)}"]
 
 
 # -- supervising mpiexec -------------------------------------------------------------------
@@ -484,7 +501,8 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
         _end_leftover_ranks(records)
         if proc.returncode != 0:  # killed ranks leave MPICH's shared memory behind
             remove_orphans(started)
-        end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname())
+        end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname(),
+                     checkpoint=env.get(CHECKPOINT_ENV, ""))
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
             end.wrote_stderr = filt.wrote_stderr

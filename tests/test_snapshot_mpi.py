@@ -151,6 +151,10 @@ def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(
     os.kill(_pid_of(tmp_path, 1), signal.SIGKILL)  # no --restarts: the job stops
     assert proc.wait(timeout=TIMEOUT + 60) == 128 + signal.SIGKILL
     assert not out.exists()
+    # the last line says where to go on from, not that the results are lost
+    err = (tmp_path / "first.err").read_text()
+    assert f"its snapshots are in {ck}: `canary run --resume {ck}` continues from the last " \
+           "one" in err and "lost" not in err, err
     listing = subprocess.run([sys.executable, "-m", "canary.cli", "snapshots", str(ck)],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     rows = [json.loads(line) for line in listing.stdout.splitlines()]
