@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import IO, Any, TypeVar
 
+import numpy as np
+
 from canary.errors import CanaryError
 
 T = TypeVar("T")
@@ -55,6 +57,10 @@ def reports_each_iteration(args: argparse.Namespace) -> bool:
 
 
 def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, np.generic):  # np.float32, np.int64, np.bool_: their Python value
+        value = value.item()
+    elif isinstance(value, np.ndarray):
+        value = value.tolist()
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
@@ -70,8 +76,8 @@ def json_line(row: Mapping[str, Any]) -> str:
     Python's ``json`` would write NaN and infinities as the bare words ``NaN`` and
     ``Infinity``, which strict parsers reject; here a float that is not finite, at any depth
     of nested dicts and lists, is written as ``null`` (the value is unknown or meaningless:
-    a change before any iteration, an overflow). Raises TypeError for a value JSON cannot
-    hold (convert numpy integers with ``int``).
+    a change before any iteration, an overflow). numpy scalars and arrays are written as
+    their Python values and lists. Raises TypeError for a value JSON cannot hold.
     """
     return json.dumps(_finite_or_null(row), allow_nan=False)
 

@@ -78,8 +78,12 @@ def test_json_line_is_strict_json_with_null_for_non_finite_values() -> None:
                                   "f": 2.5, "g": 3, "h": None, "i": "x", "j": True}
     with pytest.raises(ValueError, match="not strict JSON"):
         strict_loads(json.dumps({"a": math.nan}))  # what json.dumps alone writes
+    # numpy's scalars and arrays, which a driver's values are: they raised TypeError
+    assert strict_loads(json_line({"n": np.int64(1), "x": np.float32(0.5), "ok": np.bool_(True),
+                                   "v": np.array([1.0, np.inf]), "m": np.arange(4).reshape(2, 2)})
+                        ) == {"n": 1, "x": 0.5, "ok": True, "v": [1.0, None], "m": [[0, 1], [2, 3]]}
     with pytest.raises(TypeError):
-        json_line({"n": np.int64(1)})
+        json_line({"s": {1, 2}})
 
 
 def test_save_npz_writes_exactly_the_path_given(tmp_path: Path) -> None:
