@@ -215,7 +215,8 @@ exit status:
   1        a rank exited with status 0 before the job finished (a rank that exits
            with status C != 0 before then gives C)
   124      the time limit (--timeout, MPIEXEC_TIMEOUT) expired
-  130/143  canary run was interrupted (Ctrl-C) / terminated (SIGTERM): job stopped
+  130      canary run was interrupted (Ctrl-C), 143: terminated (SIGTERM), 129: hung
+           up (SIGHUP); the job was stopped
 
 snapshots: with --checkpoint DIR the job writes a snapshot every --checkpoint-every
 seconds (default 60) into DIR, keeping the last --keep (default 2); `canary run -n M
