@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 import sys
 import time
@@ -63,6 +64,8 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     """
     if balance is not None and not isinstance(balance, bool):
         raise TypeError(f"canary.run: balance must be True, False or None, got {balance!r}")
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(f"canary.run: window must be an integer >= 1, got {window!r}")
     path = trace_path(trace)
     from mpi4py import MPI
 

@@ -417,16 +417,18 @@ def test_the_move_policy_follows_balance_and_chaos_replaces_it() -> None:
         assert isinstance(move_policy({"CANARY_CHAOS_MIGRATE": "3"}, 2, balance), ChaosPolicy)
 
 
-@pytest.mark.parametrize(("kwargs", "says"), [
-    ({"balance": "off"}, "balance must be True, False or None, got 'off'"),  # was taken as on
-    ({"trace": 123}, "trace must be a file path (str), got 123"),
+@pytest.mark.parametrize(("kwargs", "error", "says"), [
+    ({"balance": "off"}, TypeError, "balance must be True, False or None, got 'off'"),  # on
+    ({"trace": 123}, TypeError, "trace must be a file path (str), got 123"),
+    # named as WorkerConfig.window, once on every rank
+    ({"window": 0}, ValueError, "canary.run: window must be an integer >= 1, got 0"),
 ])
-def test_canary_run_refuses_a_setting_of_the_wrong_type_before_running(
-        kwargs: dict[str, Any], says: str) -> None:
+def test_canary_run_refuses_a_setting_it_cannot_use_before_running(
+        kwargs: dict[str, Any], error: type[Exception], says: str) -> None:
     p = Program("typed")
     a = p.dataset("a", 2)
     p.load([a], lambda i, n: np.ones(2))
-    with pytest.raises(TypeError, match=re.escape(says)):
+    with pytest.raises(error, match=re.escape(says)):
         canary.run(p, **kwargs)
 
 
