@@ -14,12 +14,18 @@ import numpy as np
 
 import canary
 
+BLOCK = 50  # rows drawn from one seed: the matrix is the same whatever the partition count
+
 
 def rows(i: int, parts: int, n: int = 4000, d: int = 30, seed: int = 0) -> np.ndarray:
-    """Partition i of a fixed random matrix: each worker makes only its own rows."""
+    """Partition i of ``parts`` of a fixed random matrix (the same matrix for every partition
+    count): each worker makes only its own rows."""
     lo, hi = i * n // parts, (i + 1) * n // parts
+    first, last = lo // BLOCK, -(-hi // BLOCK)
+    drawn = np.vstack([np.random.default_rng([seed, b]).standard_normal((BLOCK, d))
+                       for b in range(first, last)] or [np.empty((0, d))])
     scale = np.append(np.linspace(1.0, 2.0, d - 1), 4.0)  # a clear dominant direction
-    return np.random.default_rng([seed, i, parts]).standard_normal((hi - lo, d)) * scale
+    return drawn[lo - first * BLOCK:hi - first * BLOCK] * scale
 
 
 @numba.njit(cache=True)

@@ -42,6 +42,14 @@ def test_plain_python_runs_in_process_with_one_worker() -> None:
     assert lam == pytest.approx(reference(3), rel=1e-9)
 
 
+def test_the_matrix_is_the_same_whatever_the_partition_count() -> None:
+    # it was drawn per partition, so --partitions changed the answer
+    whole = np.vstack([pi.rows(i, 1) for i in range(1)])
+    assert whole.shape == (4000, 30)
+    for parts in (3, 6, 7, 4000):
+        assert np.array_equal(np.vstack([pi.rows(i, parts) for i in range(parts)]), whole)
+
+
 def test_local_product_is_the_partition_share_of_ata_v() -> None:
     a = pi.rows(1, 3)
     v = np.random.default_rng(2).standard_normal(a.shape[1])
