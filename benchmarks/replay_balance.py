@@ -77,14 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="settings", action="append", default=[], type=parse_setting,
                     metavar="NAME=VALUE", help="a BalancePolicy argument (repeatable)")
     args = ap.parse_args(argv)
-    reports = load_reports(load_events(args.trace))
+    try:
+        reports = load_reports(load_events(args.trace))
+    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        ap.error(f"{args.trace} is not a trace written by --trace ({type(e).__name__}: {e})")
     if not reports:
         ap.error(f"{args.trace} holds no load reports: was it written by canary run --trace "
                  "on a job of more than one worker?")
     n_workers = 1 + max(rep.worker for _, rep in reports)
     try:
         rounds = replay(reports, n_workers, **dict(args.settings))
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         ap.error(f"--set: {e}")
     for r in rounds:
         print(json.dumps(r), flush=True)

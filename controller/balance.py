@@ -184,6 +184,21 @@ class BalancePolicy:
                  drain_wait: float = 0.25, evidence: float = 2.0) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
+        counts = {"patience": patience, "max_moves": max_moves, "settle": settle,
+                  "quiet_rounds": quiet_rounds}
+        for name, count in counts.items():  # counts of rounds and moves: slices and ranges
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {count!r}")
+        amounts = {"threshold": threshold, "min_gain": min_gain, "horizon_s": horizon_s,
+                   "bandwidth": bandwidth, "latency_s": latency_s, "undo_margin": undo_margin,
+                   "wait_margin": wait_margin, "drain_wait": drain_wait, "evidence": evidence}
+        for name, amount in amounts.items():
+            if not 0 <= amount < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {amount!r}")
+        if not bandwidth > 0:
+            raise ValueError(f"bandwidth must be above 0 (bytes a second), got {bandwidth!r}")
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
         self.n_workers = n_workers
         self.rng = random.Random(seed)
         self.threshold = threshold

@@ -9,6 +9,7 @@ policy's moves are applied once they are "done".
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -224,6 +225,20 @@ def test_scripted_moves_of_one_partition_wait_for_the_one_before_in_order() -> N
 def test_a_policy_for_no_worker_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="at least one worker"):
         BalancePolicy(0)
+
+
+@pytest.mark.parametrize(("setting", "says"), [
+    ({"patience": -1}, "patience must be an integer >= 1, got -1"),  # a slice index, later
+    ({"patience": 1.5}, "patience must be an integer >= 1, got 1.5"),
+    ({"quiet_rounds": 0}, "quiet_rounds must be an integer >= 1"),
+    ({"threshold": -0.1}, "threshold must be a finite number >= 0"),
+    ({"evidence": float("nan")}, "evidence must be a finite number >= 0"),
+    ({"bandwidth": 0.0}, "bandwidth must be above 0"),
+    ({"smoothing": 0.0}, "smoothing must be in (0, 1]"),
+])
+def test_a_setting_the_policy_cannot_use_is_named(setting: dict[str, float], says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        BalancePolicy(2, **setting)  # type: ignore[arg-type]
 
 
 def test_a_worker_that_waits_for_its_cpu_between_tasks_counts_as_slower() -> None:

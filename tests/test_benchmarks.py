@@ -604,7 +604,7 @@ def test_replay_balance_makes_the_policys_moves_on_a_traced_runs_reports(tmp_pat
 
 
 @pytest.mark.parametrize("bad", [["--set", "patience"], ["--set", "no_such=1"],
-                                 ["--set", "patience=soon"]])
+                                 ["--set", "patience=soon"], ["--set", "patience=1.5"]])
 def test_replay_balance_rejects_a_bad_setting(tmp_path: Path, bad: list[str]) -> None:
     trace = tmp_path / "t.json"
     _slow_worker_trace(trace, 2)
@@ -612,4 +612,13 @@ def test_replay_balance_rejects_a_bad_setting(tmp_path: Path, bad: list[str]) ->
                            str(trace), *bad], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert "--set" in proc.stderr
+    assert "--set" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_replay_balance_names_a_file_that_is_not_a_trace(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not json\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "replay_balance.py"),
+                           str(notes)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{notes} is not a trace written by --trace (JSONDecodeError" in proc.stderr
