@@ -55,7 +55,10 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
 5. After moving it waits: until every move is done and ``settle`` (2) more rounds of reports
    have measured the new placement; a partition it moved does not go back to where it came
    from. Equal workers, or workers whose imbalance no move can reduce by ``min_gain``, see no
-   move at all.
+   move at all; the first time an imbalance has passed the rules of step 3 and no move fits,
+   the policy says so once (:attr:`BalancePolicy.notes`, a line of the job's progress output)
+   and why: too few partitions to split it finer, or only workers that wait for a CPU to take
+   them.
 6. It then checks that the moves paid: the job's pace (the program positions the workers
    report, per second) over the ``patience`` rounds after, against the ``patience`` rounds
    that led to the moves. If the job got more than ``undo_margin`` (5%) slower, the model was
@@ -215,6 +218,10 @@ class BalancePolicy:
         self.wait_margin = wait_margin
         self.drain_wait = drain_wait
         self.evidence = evidence
+        #: lines for the job's progress output; the controller prints and clears them
+        self.notes: list[str] = []
+        self._said_no_move = False  # once a job: the imbalance no move could help
+        self._wait_blocked = False  # the last plan left out a move for the wait_margin rule
         self.drained: set[int] = set()  # workers emptied for their waits for a CPU
         self._drain_tried: set[int] = set()  # ... once each: an undone drain is not retried
         self._relieved: set[int] = set()  # workers a round of moves has taken partitions off
@@ -353,6 +360,17 @@ class BalancePolicy:
         if self._over < self.patience or (not drain and self._excess < self.evidence):
             return []
         moves = drain or self._plan(loads, speeds, work, ideal, ctrl)
+        if not moves and not self._said_no_move:
+            # a user who slowed a worker (CANARY_SLOWDOWN) and sees nothing move is told why
+            self._said_no_move = True
+            src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
+            why = ("every worker it could go to loses more of its time waiting for a CPU "
+                   "(more processes than cores on this machine?), and a partition there would "
+                   "answer late" if self._wait_blocked else
+                   f"no single partition's move lowers the busiest load by {self.min_gain:.0%} "
+                   "of the even share (more partitions per worker would split it finer)")
+            self.notes.append(f"worker {src} is the busiest ({loads[src]:.0%} of its time "
+                              f"against an even {ideal:.0%}), but no partition moves: {why}")
         if moves:
             self._over, self._excess = 0, 0.0
             self._wait_rounds = self.settle
@@ -459,6 +477,7 @@ class BalancePolicy:
         # worker takes no partition from one that waits markedly less.
         paces = [w.pace for w in self.workers]
         moves: list[tuple[int, int, int, str]] = []
+        self._wait_blocked = False
         while len(moves) < self.max_moves:
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
             top = loads[src]
@@ -468,8 +487,10 @@ class BalancePolicy:
                 if ctrl.moving(*key) or any(m[:2] == key for m in moves):
                     continue
                 for dst in range(self.n_workers):
-                    if (dst == src or dst == p.came_from or dst in self.drained
-                            or paces[dst] < paces[src] - self.wait_margin):
+                    if dst == src or dst == p.came_from or dst in self.drained:
+                        continue
+                    if paces[dst] < paces[src] - self.wait_margin:
+                        self._wait_blocked = True
                         continue
                     after = list(loads)
                     after[src] -= p.cost if owner[key] == p.holder else work[key] / speeds[src]

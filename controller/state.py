@@ -130,7 +130,12 @@ class ControllerState(ControllerSnapshots):
             out += self._maybe_snapshot()
             if self.policy is None or len(self.done) == self.n_workers or self.snapshot:
                 return out
-            return out + self._move(self.policy.decide(event.now, self))
+            out += self._move(self.policy.decide(event.now, self))
+            notes = getattr(self.policy, "notes", None)  # why it did not act, say
+            if notes:
+                out += [Progress(f"canary: {line}", self._cause) for line in notes]
+                notes.clear()
+            return out
         if isinstance(event, MoveRequest):
             if self.map is None:
                 raise ValueError("no partition can move before the job is placed")

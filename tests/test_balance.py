@@ -331,6 +331,35 @@ def test_no_partition_moves_onto_a_worker_that_waits_for_its_cpu() -> None:
     assert any(dest == 2 for _, _, dest in job.moves)
 
 
+def test_an_imbalance_no_move_can_help_is_said_once_with_the_reason() -> None:
+    # Worker 0 is 3x slower, but worker 1 shares its core with another process: nothing may go
+    # there. A user who slowed worker 0 saw nothing move and no word of why.
+    job = CompetedJob(1, 0.3, True, speeds=[1 / 3, 1.0], parts=uniform(2, 8))
+    policy = BalancePolicy(2)
+    notes = []
+    for r in range(80):
+        job.round(policy, r * 0.5)
+        notes += policy.notes
+        policy.notes.clear()
+    assert not job.moves and len(notes) == 1
+    assert notes[0].startswith("worker 0 is the busiest (")
+    assert "but no partition moves: every worker it could go to loses more of its time " \
+           "waiting for a CPU" in notes[0]
+    # one partition a worker, 2x slower: moving it would only make the other the busiest
+    job = Job([0.5, 1.0], uniform(2, 1))
+    policy = BalancePolicy(2)
+    for r in range(40):
+        job.round(policy, r * 0.5)
+    assert not job.moves and len(policy.notes) == 1
+    assert "no single partition's move lowers the busiest load" in policy.notes[0]
+    # and equal workers hear nothing
+    job = Job([1.0, 1.0, 1.0], uniform(3, 8), noise=0.05)
+    policy = BalancePolicy(3)
+    for r in range(200):
+        job.round(policy, r * 0.5)
+    assert policy.notes == []
+
+
 def test_a_group_with_fewer_partitions_than_workers_never_moves() -> None:
     # A model's weights (one partition) are work the others wait for wherever it runs; moving
     # it, or moving shared work off its holder, only lengthens another worker's share.

@@ -318,6 +318,29 @@ def placed_controller(workers: int = 2) -> tuple[ControllerState, Program]:
     return c, p
 
 
+def test_the_controller_prints_what_its_policy_notes_once() -> None:
+    from canary.messages import Tick
+
+    class Noting:
+        def __init__(self) -> None:
+            self.notes: list[str] = []
+
+        def report(self, rep: Any, now: float) -> None:
+            pass
+
+        def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
+            self.notes.append(f"nothing to do at {now:g} s")
+            return []
+
+    p = signal_loop().finalize()
+    c = ControllerState(p, 2, Noting())
+    for w in range(2):
+        c.handle(Hello(w + 1, w, p.digest, p.statements()))
+    out = c.handle(Tick(70, 1.5))
+    assert out == [Progress("canary: nothing to do at 1.5 s", 70)]
+    assert c.handle(Tick(71, 2.0)) == [Progress("canary: nothing to do at 2 s", 71)]  # cleared
+
+
 def test_a_move_bumps_the_version_updates_every_worker_and_tells_the_source() -> None:
     c, p = placed_controller(3)
     ga = group_of(p, "a")
