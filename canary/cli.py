@@ -205,7 +205,8 @@ SCRIPT ARGS, which runs SCRIPT as `python -m mpi4py` does and records how each r
 
 exit status:
   0        the job finished: rank 0 (the controller) ran the driver to its end
-  2        the driver rejected its arguments or input on every rank (said once)
+  2        the driver rejected its arguments or input on every rank, or canary a
+           setting (a CANARY_* variable, an unwritable trace path), said once
   other    the driver's own status when it stopped by itself on every rank (0 for
            --help), or the code of a rank that ended the job after saying why (1: a
            task failed)

@@ -104,8 +104,9 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if rank == 0:
             print(f"canary: error: {exc}", file=sys.stderr, flush=True)
         # rank 0 ends the job a second later; the others end it themselves if hydra lost that
-        # abort (see the JobAborted case below)
-        abort_job(given, 1, linger=1.0 if rank == 0 else 5.0)
+        # abort (see the JobAborted case below). Status 2, as for a driver's rejected input
+        # (canary run --help): nothing ran.
+        abort_job(given, 2, linger=1.0 if rank == 0 else 5.0)
     # every rank alike: an error ends each the same way
     resume_from = resume_snapshot(program, size - 1)
     comm = given

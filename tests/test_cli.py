@@ -90,7 +90,7 @@ def test_canary_balance_set_in_the_environment_reaches_the_ranks() -> None:
     r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "1", "--timeout", "60",
                         "apps/power_iteration.py"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.count("CANARY_BALANCE='maybe' is not one of on, off") == 1, r.stderr
 
 

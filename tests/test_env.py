@@ -50,7 +50,7 @@ def test_a_typo_in_canary_compile_after_stops_the_job_in_one_line() -> None:
 
     r = mpirun(2, "apps/power_iteration.py", env_extra={"CANARY_COMPILE_AFTER": "2e5x"},
                timeout=60)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.count("canary: error: environment variable CANARY_COMPILE_AFTER='2e5x' is "
                           "not an integer") == 1
 

@@ -488,7 +488,7 @@ def test_an_unknown_chaos_seed_is_a_clear_error_at_start_up() -> None:
 
     r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
                env_extra={"CANARY_CHAOS_MIGRATE": "often"}, timeout=60)
-    assert r.returncode != 0
+    assert r.returncode == 2
     assert "CANARY_CHAOS_MIGRATE='often' is not an integer" in r.stderr
 
 
@@ -502,7 +502,8 @@ def test_a_worker_stuck_in_a_kernel_is_named() -> None:
     assert "waiting for worker 0" not in r.stderr
 
 
-@pytest.mark.parametrize(("value", "says"), [("5:3", "the job has 2 workers: 0..1"),
+@pytest.mark.parametrize(("value", "says"), [("5:3", "names worker 5, but the job has 2 "
+                                                      "workers: 0..1"),
                                              ("1:0.5", "a finite number >= 1"),
                                              ("1:inf", "a finite number >= 1"),  # spun forever
                                              ("slow", "WORKER:FACTOR")])
@@ -511,8 +512,7 @@ def test_a_bad_slowdown_is_named_with_what_it_must_be(value: str, says: str) -> 
 
     with pytest.raises(ValueError) as err:
         slowdown_from_env({"CANARY_SLOWDOWN": value}, n_workers=2)
-    assert f"CANARY_SLOWDOWN='{value}' is not WORKER:FACTOR" in str(err.value)
-    assert says in str(err.value)
+    assert f"CANARY_SLOWDOWN='{value}' " in str(err.value) and says in str(err.value)
     assert slowdown_from_env({"CANARY_SLOWDOWN": "1:3"}, n_workers=2) == (1, 3.0)
     assert slowdown_from_env({}, n_workers=2) is None
 
@@ -524,9 +524,9 @@ def test_a_bad_slowdown_is_a_clear_error_at_start_up() -> None:
 
     r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
                env_extra={"CANARY_SLOWDOWN": "5:3"}, timeout=60)
-    assert r.returncode != 0
-    assert "CANARY_SLOWDOWN='5:3' is not WORKER:FACTOR" in r.stderr
-    assert "the job has 2 workers: 0..1" in r.stderr
+    assert r.returncode == 2
+    assert r.stderr.count("CANARY_SLOWDOWN='5:3' names worker 5, but the job has 2 workers: "
+                          "0..1") == 1
 
 
 def test_a_trace_shows_each_move_on_both_workers(cancer: Path, tmp_path: Path) -> None:

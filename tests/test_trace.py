@@ -118,7 +118,7 @@ def test_an_unknown_trace_level_is_a_clear_error(tmp_path: Path) -> None:
     r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
                "--print-every", "0", "--trace", str(tmp_path / "t.json"),
                env_extra={"CANARY_TRACE_LEVEL": "tasks"})
-    assert r.returncode != 0
+    assert r.returncode == 2
     assert "CANARY_TRACE_LEVEL='tasks' is not one of full, loop" in r.stderr
 
 
@@ -127,7 +127,7 @@ def test_a_trace_file_that_cannot_be_written_stops_the_job_before_it_runs(tmp_pa
     bad = tmp_path / "nope" / "t.json"
     r = mpirun(3, "apps/logistic_regression.py", "--generate", "200,4", "--max-iter", "2",
                env_extra={"CANARY_TRACE": str(bad)}, timeout=60)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.count(f"canary: error: the trace file {bad} (trace= or CANARY_TRACE): "
                           f"directory {bad.parent} does not exist") == 1
     assert "iter" not in r.stdout and not bad.parent.exists()

@@ -149,9 +149,10 @@ def slowdown_from_env(environ: Mapping[str, str], n_workers: int | None) -> tupl
         worker, factor = int(worker_s), float(factor_s)
     except ValueError:
         raise ValueError(what) from None
-    if (not sep or worker < 0 or not 1 <= factor < math.inf
-            or (n_workers is not None and worker >= n_workers)):
-        if n_workers is not None and worker >= n_workers:
-            what += f" (the job has {n_workers} workers: 0..{n_workers - 1})"
+    if not sep or worker < 0 or not 1 <= factor < math.inf:
         raise ValueError(what)
+    if n_workers is not None and worker >= n_workers:
+        raise ValueError(f"environment variable {SLOWDOWN_ENV}={raw!r} names worker {worker}, "
+                         f"but the job has {n_workers} workers: 0..{n_workers - 1}; set it to "
+                         "one of them or unset it")
     return worker, factor
