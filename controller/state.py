@@ -229,9 +229,10 @@ class ControllerState(ControllerSnapshots):
         self.migrations += 1
         self.bytes_migrated += ev.nbytes
         names = ", ".join(d.name for d in self.program.groups[g])
+        # the time is the last tick's (a few per second): when, among the progress lines
         out: list[Any] = [Progress(f"canary: moved partition {i} of {names} from worker {src} to "
-                                   f"worker {dst} ({size_text(ev.nbytes)}): {why}",
-                                   self._cause)]
+                                   f"worker {dst} ({size_text(ev.nbytes)}, {self._now:.1f} s "
+                                   f"into the job): {why}", self._cause)]
         return out + self._finish_if_done()
 
     def _finish_if_done(self) -> list[Any]:

@@ -371,7 +371,8 @@ def test_a_partition_under_way_does_not_move_again_until_its_move_is_done() -> N
     assert c.moving(ga, 0)
     out = c.handle(MigrateDone(52, 1, 1, 64))
     assert out == [Progress.match(cause=52)]
-    assert "moved partition 0 of a from worker 0 to worker 1 (64 B)" in out[0].line
+    assert "moved partition 0 of a from worker 0 to worker 1 (64 B, 0.0 s into the job)" \
+        in out[0].line
     assert (c.migrations, c.bytes_migrated, c.moving(ga, 0)) == (1, 64, False)
     assert c.handle(MoveRequest(53, ((ga, 0, 0),))) != []  # done: it may move again
 
