@@ -41,7 +41,9 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     plain ``python driver.py``) the job runs in-process on one worker so a driver can be tried
     without MPI. If anything fails on any rank, the reason (rank, stage, partition, traceback)
     is printed once to stderr and the whole MPI job is aborted with exit code 1, so no rank is
-    left hanging.
+    left hanging. A setting it cannot use (a ``CANARY_*`` variable, a trace path rank 0 cannot
+    write) is said once and ends the job with exit code 2 before anything runs; ``balance``,
+    ``trace`` or ``window`` of the wrong kind raises TypeError or ValueError before MPI starts.
 
     ``trace=PATH`` (or the environment variable ``CANARY_TRACE=PATH``) writes a Chrome
     trace-event JSON of the job to PATH on rank 0: one track per rank, every task and message
