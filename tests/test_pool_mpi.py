@@ -180,6 +180,18 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert "1 cancelled, 1 done, 2 failed" in r.stdout, r.stdout
     r = canary("logs", "99", "--cluster", str(pool_dir))
     assert r.returncode == 2 and "no job 99 in the pool" in r.stderr
+    # two users' pkg/job.py: the second ran the first's code, with its answer
+    for who in ("alice", "bob"):
+        (tmp_path / who / "pkg").mkdir(parents=True)
+        (tmp_path / who / "pkg" / "__init__.py").write_text("")
+        (tmp_path / who / "pkg" / "job.py").write_text(f"def main(argv):\n    print('{who}')\n")
+    r = canary("submit", "--cluster", str(pool_dir), "--wait", str(tmp_path / "alice/pkg/job.py"))
+    assert r.returncode == 0 and "alice" in r.stdout, r.stderr
+    r = canary("submit", "--cluster", str(pool_dir), "--wait", str(tmp_path / "bob/pkg/job.py"))
+    said = r.stdout + r.stderr
+    assert r.returncode == 1 and "alice\n" not in said.splitlines(keepends=True)
+    assert f"{tmp_path / 'bob/pkg/job.py'} is imported as pkg.job, the name of " \
+           f"{tmp_path / 'alice/pkg/job.py'}, which this pool has already run" in said
     r = canary("cluster", "stop", "--cluster", str(pool_dir))
     assert r.returncode == 0 and "stopped" in r.stdout
 

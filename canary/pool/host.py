@@ -40,7 +40,7 @@ from mpi4py import MPI
 import canary
 import canary.mpi_runner
 from canary.controller.jobs import JobsController
-from canary.errors import JobAborted, TaskError, user_error_line
+from canary.errors import CanaryError, JobAborted, TaskError, user_error_line
 from canary.idle import tight_timer_slack
 from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
 from canary.mpi_transport import Recycler
@@ -266,6 +266,14 @@ def _load(script: str) -> types.ModuleType | None:
                 sys.path.insert(0, root)
             name = f"{path.parent.name}.{path.stem}"
             module = importlib.import_module(name)
+            loaded = Path(module.__file__ or "").resolve()
+            if loaded != path:
+                # another job's file of the same folder and file name holds the name: running
+                # it would run the other job's code, with its answer
+                raise CanaryError(
+                    f"{path} is imported as {name}, the name of {loaded}, which this pool "
+                    f"has already run; a pool imports each driver under its package's name "
+                    f"(numba's cache keys on it), so rename the folder or the file")
             if any(k[0] == str(path) for k in _MODULES):  # the file changed: read it again
                 module = importlib.reload(module)
         else:
