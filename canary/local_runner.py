@@ -44,7 +44,6 @@ from canary.messages import (
     SnapshotCommitted,
     SnapshotLoaded,
     SnapshotSaved,
-    TaskDone,
     Tick,
     WriteSnapshot,
     local_event_id,
@@ -68,7 +67,7 @@ from canary.snapshot import (
 from canary.worker.config import WorkerConfig
 from canary.worker.execute import run_task
 from canary.worker.state import WorkerState
-from canary.worker.tasks import K_LOAD, RunTask
+from canary.worker.tasks import RunTask
 
 
 def validate_cluster(ctrl: ControllerState, states: list[WorkerState]) -> None:
@@ -120,14 +119,6 @@ def deliver_copy(message: Any) -> None:
     elif isinstance(message, PieceBatch):
         for piece in message.pieces:
             piece.array = np.array(piece.array, copy=True)
-
-
-def own_loaded_values(task: Any, event: Any, workers: int) -> None:
-    """Give a load task's outputs their own memory: each worker process calls the loader in its
-    own memory, so an array a loader keeps and returns to every worker must not be shared by
-    workers in one process."""
-    if workers > 1 and task.kind == K_LOAD and type(event) is TaskDone:
-        event.outputs = tuple(np.array(v, copy=True) for v in event.outputs)
 
 
 def run_local(
@@ -227,7 +218,6 @@ def run_local(
                 send(rank, ins)
             elif type(ins) is RunTask:
                 ev = run_task(states[w], ins.task, local_event_id(rank, counter + 1))
-                own_loaded_values(ins.task, ev, workers)
                 push(now + rng.expovariate(1.0 / mean_task), -rank, ev)
             elif type(ins) is WriteSnapshot:
                 assert checkpoint is not None

@@ -467,6 +467,13 @@ class Program:
         return self
 
     @property
+    def updated_in_place(self) -> frozenset[int]:
+        """The ids of the datasets some compute stage both reads and writes: a kernel may
+        update their partitions in place (return its input), so a worker must own them."""
+        return frozenset(d.id for st in self.stages if st.kind == COMPUTE
+                         for d in st.writes if d in st.reads)
+
+    @property
     def groups(self) -> list[tuple[Dataset, ...]]:
         """Co-location groups: datasets whose partition ``i`` must live on one worker.
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from canary.controller.state import ControllerState
-from canary.local_runner import deliver_copy, own_loaded_values, validate_cluster
+from canary.local_runner import deliver_copy, validate_cluster
 from canary.messages import (
     CONTROLLER,
     Callback,
@@ -463,7 +463,6 @@ def run_virtual(program: Program, workers: int, network: Network,
             in_batch[rank] += 1
             w = rank - 1
             ev = run_task(states[w], task, next_id(rank))
-            own_loaded_values(task, ev, workers)
             # the cost model prices the task's own time; the runtime's call around it is the
             # same whatever the task stands for
             took = cost(task, ev.seconds if type(ev) is TaskDone and ev.seconds is not None

@@ -318,33 +318,71 @@ def test_cluster_invariant_catches_a_partition_held_twice() -> None:
         validate_cluster(ctrl, states)
 
 
-def test_a_loader_returning_one_array_for_two_partitions_is_a_clear_error() -> None:
-    # One array behind two partitions: an in-place kernel on one would change the other, and the
-    # answer would depend on which partitions share a worker.
+def test_a_loaded_partition_a_kernel_updates_in_place_is_the_workers_own() -> None:
+    # A loader may return a template, a global or slices of the caller's array. Updated in
+    # place, a shared one changed the caller's data, another partition, and a second run's
+    # starting values: the answer depended on the run and on which partitions share a worker.
     template = np.ones(2)
     p = Program("shared_loader")
     x = p.dataset("x", 2)
     p.load([x], lambda i, n: template, name="load_template")
     p.compute(_double_in_place, [x], [x], name="double")
     p.report(x)
-    with pytest.raises(TaskError, match=r"^rank 1 \(worker 0\): stage 'load_template' \(id 0\), "
-                                        r"load task on partition 1: returned for 'x' memory that "
-                                        r"partition 0 of 'x' already holds"):
-        canary.run_local(p, workers=1)
-    # one partition per worker: nothing shared, nothing to say
-    r = canary.run_local(p, workers=2)
-    assert [v.tolist() for v in r.results["x"]] == [[2.0, 2.0], [2.0, 2.0]]
-    # disjoint slices of one array are fine; overlapping ones are not
+    for workers in (1, 2, 1):
+        r = canary.run_local(p, workers=workers)
+        assert [v.tolist() for v in r.results["x"]] == [[2.0, 2.0], [2.0, 2.0]]
+    assert template.tolist() == [1.0, 1.0]
     whole = np.arange(6.0)
     q = Program("slices")
     y = q.dataset("y", 3)
     q.load([y], lambda i, n: whole[2 * i:2 * i + 2])
     q.compute(_double_in_place, [y], [y])
     q.report(y)
-    assert canary.run_local(q, workers=1).concat("y").tolist() == (2 * np.arange(6.0)).tolist()
-    r2 = Program("overlap")
-    z = r2.dataset("z", 2)
-    r2.load([z], lambda i, n: np.arange(4.0)[:3] if i == 0 else whole[1:4])
-    r2.load([z], lambda i, n: whole[i:i + 3], name="windows")
-    with pytest.raises(TaskError, match="overlapping view"):
-        canary.run_local(r2, workers=1)
+    for _ in range(2):
+        assert canary.run_local(q, workers=1).concat("y").tolist() == \
+            (2 * np.arange(6.0)).tolist()
+    assert whole.tolist() == np.arange(6.0).tolist()
+    # one array loaded into a dataset updated in place and into one only read
+    g = Program("one_global_two_datasets")
+    w, ref = g.dataset("w", 1), g.dataset("ref", 1)
+    g.load([w], lambda i, n: whole)
+    g.load([ref], lambda i, n: whole)
+    g.compute(_double_in_place, [w], [w])
+    g.report(w)
+    g.report(ref)
+    r = canary.run_local(g, workers=1)
+    assert r.value("w").tolist() == (2 * whole).tolist()
+    assert r.value("ref").tolist() == whole.tolist() == np.arange(6.0).tolist()
+
+
+def test_a_fresh_loaded_array_or_one_no_kernel_updates_is_not_copied() -> None:
+    import weakref
+
+    made: list[weakref.ref[np.ndarray]] = []
+
+    def fresh(i: int, n: int) -> np.ndarray:
+        a = np.full(3, float(i))
+        made.append(weakref.ref(a))  # no reference of ours: the worker's may be the only one
+        return a
+
+    kept = np.zeros(3)
+    p = Program("no_copies")
+    x, y, z = p.dataset("x", 2), p.dataset("y", 2), p.dataset("z", 2)
+    p.load([x], fresh)
+    p.load([y], lambda i, n: kept)  # read only: shared, as nothing changes it
+    p.compute(_double_in_place, [x], [x])
+    p.compute(lambda a, b: a + b, [x, y], [z])
+    p.report(z)
+    from canary.messages import Placement
+    from canary.partition_map import PartitionMap
+    from canary.worker.execute import run_task
+    from canary.worker.state import WorkerState
+
+    st = WorkerState(p.finalize(), 0, 1)
+    st.start()
+    out = st.handle(Placement(1, PartitionMap.initial([g[0].partitions for g in p.groups], 1)))
+    ev = run_task(st, out[0].task, 1)
+    assert ev.outputs[0] is made[0]()  # the loader's own array, not a copy
+    loads = [t for t in st.tasks.values() if t.stage.writes[:1] == (y,)]
+    ev = run_task(st, loads[0], 2)
+    assert ev.outputs[0] is kept

@@ -72,7 +72,7 @@ def run_task(state: WorkerState, task: Task, eid: int = 0,
         res = fn(*args)
         if kind == K_LOAD:
             res = _outputs(task.stage.writes, res)
-            _check_loaded(state, task, res)
+            res = _owned(state, task, res)  # `res` no longer holds the loader's own return
         elif kind == K_SCATTER:
             res = _pieces(task, res)
         elif kind == K_GATHER:
@@ -196,41 +196,33 @@ def _unaliased(value: np.ndarray, dest: Any, reads: tuple[Any, ...]) -> np.ndarr
     return _alias_free(value, [r.value for r in reads if r is not dest])
 
 
-def _check_loaded(state: WorkerState, task: Task, outs: tuple[np.ndarray, ...]) -> None:
-    """Raise ResultError if a loader's output shares memory with another of its outputs or with
-    a partition this worker already holds.
-
-    Loaded arrays become partitions that in-place kernels update; one array behind two
-    partitions (a loader returning the same template for every partition, or overlapping
-    slices of one array) would make the answer depend on which partitions share a worker.
-    Disjoint slices of one array are fine. Copying every loaded array instead would double a
-    worker's peak memory while it loads.
-    """
-    names = [d.name for d in task.stage.writes]
-    for k, v in enumerate(outs):
-        for m in range(k):
-            if _overlap(v, outs[m]):
-                raise ResultError(f"returned the same memory for outputs '{names[m]}' and "
-                                  f"'{names[k]}': return a separate array for each (e.g. "
-                                  "np.array(x, copy=True))")
-        for p in state.parts.values():
-            if p.value is not None and p not in task.writes and _overlap(v, p.value):
-                held = state.program.datasets[p.dataset].name
-                raise ResultError(
-                    f"returned for '{names[k]}' memory that partition {p.index} of '{held}' "
-                    "already holds (the same array, or an overlapping view): return a new "
-                    "array for each partition (e.g. np.array(x, copy=True))")
+def _refcounts(outs: tuple[np.ndarray, ...]) -> list[int]:
+    return [sys.getrefcount(v) for v in outs]
 
 
-def _overlap(a: np.ndarray, b: Any) -> bool:
-    if a is b:
-        return True
-    if not isinstance(b, np.ndarray) or not np.may_share_memory(a, b):
-        return False
-    try:
-        return bool(np.shares_memory(a, b, max_work=100_000))  # type: ignore[arg-type]
-    except np.exceptions.TooHardError:  # too costly to tell: take it as shared
-        return True
+# the count of an array only the outputs' tuple holds, as this interpreter counts references
+_FRESH_REFS = _refcounts((np.empty(1),))[0]
+
+
+def _owned(state: WorkerState, task: Task, outs: tuple[np.ndarray, ...]
+           ) -> tuple[np.ndarray, ...]:
+    """``outs`` (a loader's outputs), with a copy of each that a kernel may update in place
+    (:attr:`Program.updated_in_place`) and that is not the worker's alone: a view (a slice of
+    the caller's array, of another partition) or an array something else holds too (a module
+    global, a template a closure returns for every partition).
+
+    Updated in place, such a partition would change the caller's data or another partition,
+    and the answer would depend on the run (a second one starts from other values) and on
+    which partitions share a worker. Arrays a loader makes (read from a file, generated) are
+    kept as they are, and so are datasets no kernel updates in place, which may share memory
+    freely: copying every loaded array would double a worker's peak memory while it loads."""
+    updated = state.program.updated_in_place
+    if not any(d.id in updated for d in task.stage.writes):
+        return outs
+    counts = _refcounts(outs)
+    return tuple(np.array(v, copy=True)
+                 if d.id in updated and (v.base is not None or n > _FRESH_REFS) else v
+                 for v, n, d in zip(outs, counts, task.stage.writes))
 
 
 def _alias_free(value: np.ndarray, others: list[Any]) -> np.ndarray:
