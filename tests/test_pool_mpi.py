@@ -126,6 +126,10 @@ def test_two_jobs_at_once_a_failing_one_and_a_cancel(workers: int, driver: str,
     st = client.wait(bad, pool_dir, timeout=120)
     assert st["state"] == "failed" and st["exit_code"] != 0
     assert "the kernel failed on purpose" in client.logs(bad, pool_dir)
+    with pytest.raises(PoolError) as failed:  # its error, and nothing after it
+        client.result(bad, pool_dir)
+    assert str(failed.value).startswith(f"job {bad} failed: ")
+    assert str(failed.value).endswith(st["error"])
     # the kernel's traceback, once: not again through canary's frames from the driver's thread
     assert client.logs(bad, pool_dir).count("Traceback") == 1, client.logs(bad, pool_dir)
     assert f"done on {workers} workers" in client.logs(a, pool_dir)

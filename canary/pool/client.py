@@ -242,8 +242,9 @@ def result(job: int, root: str | os.PathLike[str] | None = None,
     its error."""
     st = wait(job, root, timeout)
     if st["state"] != "done":
-        raise PoolError(f"job {job} {st['state']}: {st.get('error') or 'see `canary logs'} "
-                        f"{job}`")
+        # the hint names the job: inside the `or`, not after it (a stray "79`" followed errors)
+        raise PoolError(f"job {job} {st['state']}: "
+                        f"{st.get('error') or f'see `canary logs {job}`'}")
     sp = _spool(root)
     results: dict[str, list[np.ndarray]] = {}
     path = sp.job_dir(job) / "result.npz"
