@@ -145,7 +145,7 @@ def run_local(
     Raises :class:`canary.TaskError` with the failing task's message if user code fails (the
     error the controller names), and RuntimeError if the job deadlocks (no event left before
     every worker is done), which would be an engine bug; ValueError, before anything runs, if
-    ``workers`` is not an integer >= 1 or ``chaos`` neither None nor one >= 0.
+    ``workers`` is not an integer >= 1, ``seed`` one >= 0 or ``chaos`` None or one >= 0.
     ``validate=True`` checks every state's invariants and the cross-role invariant after each
     event. ``window`` and ``max_fused``
     (below 2: no fusion) set the workers' :class:`WorkerConfig`, or ``config`` gives all of it.
@@ -161,14 +161,15 @@ def run_local(
     ``stop_after=N`` stops the job after its N-th event, as a crash would, by raising
     :class:`canary.errors.JobStopped` (what has been committed stays on disk).
     """
-    for name, value, least in (("workers", workers, 1), ("chaos", chaos, 0)):
+    for name, value, least in (("workers", workers, 1), ("chaos", chaos, 0), ("seed", seed, 0)):
         if value is None and name == "chaos":
             continue
         # a bool is an int to Python (chaos=True would have meant seed 1); numpy's ints are not
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
             raise ValueError(f"run_local: {name} must be an integer >= {least}"
                              f"{' (a seed) or None' if name == 'chaos' else ''}, got {value!r}")
-    workers, chaos = int(workers), None if chaos is None else int(chaos)  # random takes no numpy
+    # random.Random takes no numpy integer
+    workers, seed, chaos = int(workers), int(seed), None if chaos is None else int(chaos)
     program.finalize()
     load_array_functions()
     rng = random.Random(seed)

@@ -461,6 +461,7 @@ def test_canary_run_refuses_a_setting_it_cannot_use_before_running(
     ({"chaos": "x"}, "chaos must be an integer >= 0 (a seed) or None, got 'x'"),
     ({"chaos": True}, "got True"),  # a bool is an int: it ran as seed 1
     ({"chaos": -1}, "got -1"),
+    ({"seed": "x"}, "seed must be an integer >= 0, got 'x'"),
 ])
 def test_run_local_refuses_workers_or_a_chaos_seed_it_cannot_use(kwargs: dict[str, Any],
                                                                   says: str) -> None:
@@ -469,7 +470,8 @@ def test_run_local_refuses_workers_or_a_chaos_seed_it_cannot_use(kwargs: dict[st
     p.load([a], lambda i, n: np.ones(2))
     with pytest.raises(ValueError, match=re.escape(says)):
         canary.run_local(p, **kwargs)
-    assert canary.run_local(p, workers=np.int64(2), chaos=np.int64(3)).tasks_run == 2
+    assert canary.run_local(p, workers=np.int64(2), chaos=np.int64(3),
+                            seed=np.int64(5)).tasks_run == 2  # a numpy seed failed in random
 
 
 def test_the_experiment_hooks_say_they_are_ignored_in_one_process() -> None:
