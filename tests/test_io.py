@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import h5py
 import networkx as nx
@@ -320,6 +321,25 @@ def test_hdf5_rows_and_nonfinite(tmp_path: Path) -> None:
     with pytest.raises(InputFormatError, match=r"d\.h5: row 30 \(0-based\) of 'X' contains NaN"):
         read_rows(p, 20, 40, need_labels=False)
     assert read_rows(p, 0, 30, need_labels=False)[0].shape == (30, 4)
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (lambda h: h.create_group("X"), r"'X' is a group, not a dataset"),
+    (lambda h: (h.__setitem__("X", np.ones((3, 2))), h.create_group("y")),
+     r"'y' is a group, not a dataset"),
+    (lambda h: (h.__setitem__("X", np.ones((3, 2))), h.__setitem__("y", h5py.SoftLink("/no"))),
+     r"'y' is a link to nothing"),
+    (lambda h: h.create_dataset("X", data=h5py.Empty("f8")),
+     r"dataset 'X' is empty, with no shape"),
+])
+def test_an_hdf5_layout_that_holds_no_arrays_is_named(tmp_path: Path, make: Any,
+                                                      says: str) -> None:
+    # h5py's own errors (AttributeError, TypeError, KeyError) reached the user as tracebacks
+    p = tmp_path / "odd.h5"
+    with h5py.File(p, "w") as h:
+        make(h)
+    with pytest.raises(InputFormatError, match=r"odd\.h5: " + says):
+        count_rows(p)
 
 
 def test_binary_shape_errors(tmp_path: Path) -> None:

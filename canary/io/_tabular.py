@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import zipfile
+from typing import Any
 
 import numpy as np
 
@@ -399,6 +400,27 @@ def _npz_member(p: str, zf: zipfile.ZipFile, name: str) -> zipfile.ZipInfo | Non
         return None
 
 
+def _h5_array(p: str, h: Any, name: str) -> Any:
+    """HDF5 member ``name`` of open file ``h``, checked to be a dataset holding an array.
+
+    Raises InputFormatError naming the file and the member for a group, a link to nothing or
+    an empty (shapeless) dataset: h5py's own errors say none of that."""
+    import h5py
+
+    try:
+        obj = h[name]
+    except KeyError:
+        raise InputFormatError(f"{p}: '{name}' is a link to nothing (expected datasets X and "
+                               "optional y, as h5py writes them)") from None
+    if not isinstance(obj, h5py.Dataset):
+        raise InputFormatError(f"{p}: '{name}' is a {type(obj).__name__.lower()}, not a dataset "
+                               "(expected datasets X and optional y, as h5py writes them)")
+    if obj.shape is None:
+        raise InputFormatError(f"{p}: dataset '{name}' is empty, with no shape (expected an "
+                               "array)")
+    return obj
+
+
 def _npz_header(
     p: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo
 ) -> tuple[tuple[int, ...], bool, np.dtype, int]:
@@ -458,14 +480,16 @@ class _Arrays:
 
             try:
                 with h5py.File(p, "r") as h:
-                    if "X" not in h or not isinstance(h["X"], h5py.Dataset):
+                    if "X" not in h:
                         raise InputFormatError(
                             f"{p}: no dataset 'X' (expected datasets X and optional y)"
                         )
-                    self.x_shape, self.x_dtype = tuple(h["X"].shape), h["X"].dtype
-                    if "y" in h:
+                    x = _h5_array(p, h, "X")
+                    self.x_shape, self.x_dtype = tuple(x.shape), x.dtype
+                    if "y" in h or "y" in h.keys():  # a broken link is a key, not a member
                         self.has_y = True
-                        self.y_shape, self.y_dtype = tuple(h["y"].shape), h["y"].dtype
+                        y = _h5_array(p, h, "y")
+                        self.y_shape, self.y_dtype = tuple(y.shape), y.dtype
             except OSError as exc:
                 why = "the file is empty" if os.path.getsize(p) == 0 else f"h5py: {exc}"
                 raise InputFormatError(
