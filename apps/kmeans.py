@@ -469,6 +469,9 @@ def build(args: argparse.Namespace, n_workers: int) -> tuple[canary.Program, dic
     else:
         n, d = args.n, args.d
         where = f"--generate {args.generate}"
+    if d == 0:  # every point is the same empty vector: no distance to cluster on
+        raise InputFormatError(f"{where}: the points have no features (0 columns); k-means "
+                               "needs at least one")
     init = _load_init(args.init, args.k, d) if args.init else None
     k = args.k or (init.shape[0] if init is not None else None)
     if k is None:

@@ -200,6 +200,17 @@ def test_cli_error_exit_code(tmp_path: Path) -> None:
     assert "small.npy: k=9 is larger than the number of points (5)" in cp.stderr
 
 
+def test_points_with_no_features_are_refused_in_one_line(tmp_path: Path) -> None:
+    # they ended in a ZeroDivisionError traceback from the tolerance kernel
+    from tests.app_helpers import run_python
+
+    np.save(tmp_path / "none.npy", np.empty((20, 0)))
+    r = run_python("apps/kmeans.py", "--input", str(tmp_path / "none.npy"), "--k", "2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.endswith(f"{tmp_path / 'none.npy'}: the points have no features "
+                             "(0 columns); k-means needs at least one\n")
+
+
 def test_nearest_center_breaks_ties_to_the_lower_index_and_keeps_nan() -> None:
     centers = np.array([[9.0, 9.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     X = np.array([[1.0, 0.0], [0.0, 0.0], [5.0, 0.0], [np.nan, 0.0]])
