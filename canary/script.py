@@ -8,7 +8,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from canary.errors import CanaryError, user_error_line
+from canary.errors import CanaryError, JobAborted, TaskError, user_error_line
 from canary.ranks import abort_job, active_mpi, end_rank, leave
 
 
@@ -26,9 +26,10 @@ def run_main(file: str, argv: list[str] | None = None) -> int:
     ``InputFormatError``: the user's mistake, and the message already says where) is printed
     as one line, ``NAME: error: MESSAGE``, and the result is 2. Every rank prints it:
     ``canary run`` shows a line that every rank printed once, and an error seen on one rank
-    only (a file that one host cannot read) must not be lost. A traceback is kept for
-    everything else, a failed job included (``TaskError`` or ``JobAborted`` from
-    ``run_local``). A non-zero result on one rank of a multi-rank job aborts the whole job
+    only (a file that one host cannot read) must not be lost. A job that failed in this
+    process (``TaskError`` or ``JobAborted`` from ``run_local``) is said as ``canary run`` says
+    it, ``canary: job aborted: MESSAGE`` (the message holds the kernel's traceback), and the
+    result is 1. A traceback is kept for everything else. A non-zero result on one rank of a multi-rank job aborts the whole job
     unless every rank has ended (see :func:`_end_job_on_failure`).
     """
     path = Path(file).resolve()
@@ -80,9 +81,15 @@ def _only_launchers_below(frame: FrameType) -> bool:
 def _call_main(module: object, name: str, argv: list[str] | None) -> int:
     try:
         return int(module.main(argv))  # type: ignore[attr-defined]
+    except (TaskError, JobAborted) as exc:
+        # The job failed, in this process (one rank: run_local). Its message names the task
+        # and holds the kernel's own traceback; canary's frames around it would only bury it.
+        # (Over MPI the controller says this line and ends the job before the driver sees it.)
+        print(f"canary: job aborted: {exc}", file=sys.stderr, flush=True)
+        return 1
     except CanaryError as exc:
         line = user_error_line(name, exc)
-        if line is None:  # the job failed, not its declaration
+        if line is None:
             raise
         print(line, file=sys.stderr, flush=True)
         return 2

@@ -51,6 +51,21 @@ def test_an_output_at_the_input_file_is_refused_and_the_input_kept(tmp_path: Pat
     assert data.read_bytes() == before
 
 
+def test_a_job_that_fails_in_one_process_is_said_as_canary_run_says_it(tmp_path: Path) -> None:
+    # in one process the failure reached the driver as TaskError: 20 lines of canary's
+    # frames around the two that say what is wrong
+    X = np.random.default_rng(4).normal(size=(30, 3))
+    data = tmp_path / "labels12.npz"
+    np.savez(data, X=X, y=np.where(X[:, 0] > 0, 1.0, 2.0))
+    r = run_python("apps/logistic_regression.py", "--input", str(data))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.splitlines()[1:] == [
+        "canary: job aborted: rank 1 (worker 0): stage 'load_rows' (id 0), load task on "
+        "partition 0 failed:",
+        f"{data}: row {int(np.argmax(X[:, 0] <= 0))} (0-based) of y: label 2.0 is not a binary "
+        "label (expected 0/1 or -1/+1)"]
+
+
 def test_the_npz_output_is_written_at_exactly_the_path_given(tmp_path: Path) -> None:
     # numpy.savez appends .npz to a name without it: "km" became km.npz, and a directory's
     # name passed the check and got a file beside it
