@@ -55,6 +55,8 @@ def main(argv):
     if result is not None:
         np.save(out, result.value("s"))
         print("done on", comm.Get_size() - 1, "workers")
+    if argv[2] == "twice":
+        canary.run(p, comm)
     return 0
 """
 
@@ -177,11 +179,16 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     waiter.wait(30)
     st = client.wait(4, pool_dir, timeout=60)
     assert st["state"] == "cancelled" and "its submitter" in st["error"]
+    r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "twice", out)
+    said = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in said, said
+    assert "small_driver: error: canary.run called a second time: a pool job runs one " \
+           "program" in said
     r = canary("jobs", "--cluster", str(pool_dir))
     assert r.returncode == 0 and " done " in r.stdout and " failed " in r.stdout
     r = canary("cluster", "status", "--cluster", str(pool_dir))
     assert "pool ready: 2 worker(s)" in r.stdout
-    assert "1 cancelled, 1 done, 2 failed" in r.stdout, r.stdout
+    assert "1 cancelled, 1 done, 3 failed" in r.stdout, r.stdout
     r = canary("logs", "99", "--cluster", str(pool_dir))
     assert r.returncode == 2 and "no job 99 in the pool" in r.stderr
     # two users' pkg/job.py: the second ran the first's code, with its answer

@@ -40,7 +40,13 @@ from mpi4py import MPI
 import canary
 import canary.mpi_runner
 from canary.controller.jobs import JobsController
-from canary.errors import CanaryError, JobAborted, TaskError, user_error_line
+from canary.errors import (
+    CanaryError,
+    DeclarationError,
+    JobAborted,
+    TaskError,
+    user_error_line,
+)
 from canary.idle import tight_timer_slack
 from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
 from canary.mpi_transport import Recycler
@@ -200,7 +206,10 @@ class JobContext:
     def run(self, program: Any) -> JobResult | None:
         """``canary.run`` in the driver thread: hand over the program, wait for the end."""
         if self.declared:
-            raise RuntimeError("canary.run called twice by one job: a pool job runs one program")
+            # a DeclarationError: the driver's mistake, said in one line as canary run says one
+            raise DeclarationError("canary.run called a second time: a pool job runs one "
+                                   "program (submit each program as its own job, or run this "
+                                   "driver with `canary run`)")
         if not self.released.is_set():
             self.declared = True
             self.host.post(("declared", self.job, program))
