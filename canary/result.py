@@ -20,6 +20,8 @@ class JobResult:
     seconds: float = 0.0
     controller_received: dict[str, int] = field(default_factory=dict)
     controller_sent: dict[str, int] = field(default_factory=dict)
+    # nan where not measured: a pool's rank 0 serves every job at once, and cannot tell one
+    # job's share of its CPU from another's
     controller_cpu_seconds: float = 0.0
     worker_sent: dict[str, int] = field(default_factory=dict)
     migrations: int = 0  # partitions moved between workers while the job ran

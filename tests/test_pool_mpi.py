@@ -3,6 +3,7 @@ job ends alone, cancel, stop; and every bad request gets a clear error."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -55,6 +56,7 @@ def main(argv):
     if result is not None:
         np.save(out, result.value("s"))
         print("done on", comm.Get_size() - 1, "workers")
+        print("controller cpu", result.controller_cpu_seconds)
     if argv[2] == "twice":
         canary.run(p, comm)
     return 0
@@ -135,6 +137,9 @@ def test_two_jobs_at_once_a_failing_one_and_a_cancel(workers: int, driver: str,
     # the kernel's traceback, once: not again through canary's frames from the driver's thread
     assert client.logs(bad, pool_dir).count("Traceback") == 1, client.logs(bad, pool_dir)
     assert f"done on {workers} workers" in client.logs(a, pool_dir)
+    # rank 0 serves every job at once: a job's share of its CPU is not known, not 0
+    assert "controller cpu nan" in client.logs(a, pool_dir)
+    assert math.isnan(client.result(a, pool_dir).controller_cpu_seconds)
     assert "iteration ()" in client.logs(a, pool_dir)  # the callback ran, into the log
     client.cancel(long, pool_dir)
     st = client.wait(long, pool_dir, timeout=60)

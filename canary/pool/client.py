@@ -9,6 +9,7 @@ priority, weight or worker count, an unknown policy.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -257,7 +258,7 @@ def result(job: int, root: str | os.PathLike[str] | None = None,
         results = {k: [a for _, a in sorted(v, key=lambda t: t[0])]  # type: ignore[misc]
                    for k, v in results.items()}
     return JobResult(results, int(st.get("tasks", 0)), len(st.get("workers", [])),
-                     float(st.get("seconds", 0.0)))
+                     float(st.get("seconds", 0.0)), controller_cpu_seconds=math.nan)
 
 
 def cancel(job: int, root: str | os.PathLike[str] | None = None) -> None:

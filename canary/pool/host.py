@@ -21,6 +21,7 @@ import argparse
 import importlib
 import importlib.util
 import io
+import math
 import os
 import queue
 import runpy
@@ -599,7 +600,7 @@ class ControllerHost(_Host):
             st = ins.result
             result = JobResult(st.results, st.tasks_run, st.n_workers,
                                time.time() - self.status[ins.job].get("started", time.time()),
-                               dict(st.received), dict(st.sent), 0.0, {}, st.migrations,
+                               dict(st.received), dict(st.sent), math.nan, {}, st.migrations,
                                st.bytes_migrated)
             self._save(ins.job, result)
             outcome: Any = result

@@ -11,6 +11,7 @@ included; every job must give the answer of its solo run under every seed.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -206,5 +207,5 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
 
 def _result(state: ControllerState, seconds: float) -> JobResult:
     return JobResult(state.results, state.tasks_run, state.n_workers, seconds,
-                     dict(state.received), dict(state.sent), 0.0, {}, state.migrations,
+                     dict(state.received), dict(state.sent), math.nan, {}, state.migrations,
                      state.bytes_migrated)
