@@ -412,8 +412,11 @@ class Program:
         iteration and broadcast to every worker, so all take the same branch.
         """
         stage = self._signal_stage(condition, on, name or f"while_{_short(condition)}")
-        if max_iter is not None and (not isinstance(max_iter, (int, np.integer)) or max_iter < 0):
-            raise DeclarationError(f"while '{stage.name}': max_iter must be >= 0, got {max_iter!r}")
+        if max_iter is not None and (isinstance(max_iter, bool)
+                                     or not isinstance(max_iter, (int, np.integer))
+                                     or max_iter < 0):
+            raise DeclarationError(f"while '{stage.name}': max_iter must be an integer >= 0 (or "
+                                   f"None), got {max_iter!r}")
         bound = -1 if max_iter is None else int(max_iter)
         self.ops.append((OP_PUSH,))
         head = len(self.ops)

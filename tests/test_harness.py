@@ -99,7 +99,13 @@ def test_wrong_result_shape_is_reported_not_silently_used() -> None:
                                              r"bytes, from a str\); return numeric numpy arrays"),
                          (lambda v: [[1.0], [2.0, 3.0]], r"output 'y' must be a numpy array \(or "
                                                          r"number\), got a list numpy cannot make "
-                                                         r"one of \(.*inhomogeneous")]:
+                                                         r"one of \(.*inhomogeneous"),
+                         # 'got int': an int is a number
+                         (lambda v: 2 ** 70, r"output 'y' must be a numpy array \(or number\), "
+                                             r"got an int too large for int64"),
+                         # its mask was dropped without a word
+                         (lambda v: np.ma.masked_array(v, [1, 0]), r"output 'y' is a masked array"),
+                         ]:
         r = Program("text")
         x, y = r.dataset("x", 2), r.dataset("y", 2)
         r.load([x], lambda i, n: np.ones(2))
@@ -107,6 +113,17 @@ def test_wrong_result_shape_is_reported_not_silently_used() -> None:
         r.report(y)
         with pytest.raises(TaskError, match=r"compute task on partition \d: " + says):
             canary.run_local(r, workers=2)
+
+
+def test_a_list_for_two_outputs_is_told_to_be_a_tuple() -> None:
+    p = Program("two_outputs")
+    x, y, z = p.dataset("x", 1), p.dataset("y", 1), p.dataset("z", 1)
+    p.load([x], lambda i, n: np.ones(2))
+    p.compute(lambda v: [v * 1, v * 2], [x], [y, z], name="pair")
+    p.report(y)
+    with pytest.raises(TaskError, match=r"returned 1 value\(s\) \(a list of 2 is one value: "
+                                        r"make it a tuple\) but the stage declares 2 output"):
+        canary.run_local(p, workers=1)
 
 
 @pytest.mark.parametrize("n", [3, 20_000])  # moved inline (small) or by a gather task (large)

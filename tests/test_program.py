@@ -188,3 +188,15 @@ def test_the_digest_covers_the_plain_values_a_kernel_reads() -> None:
     load, k = p.statements()[1:3]
     assert "kernel [FACTOR=2.0]" in k
     assert "rows" not in load and f"path='{path}'" not in load and "path=sha256:" in load
+
+
+@pytest.mark.parametrize("bad", [2.5, True, -1])
+def test_a_while_bound_must_be_a_whole_count(bad: object) -> None:
+    # True was taken as 1, and 2.5 was told to be ">= 0"
+    p = Program("bounded")
+    c = p.dataset("c", 1)
+    p.load([c], lambda i, n: np.zeros(1))
+    with pytest.raises(DeclarationError, match=r"max_iter must be an integer >= 0 \(or None\), "
+                                               rf"got {bad!r}"):
+        with p.while_(lambda v: True, on=c, max_iter=bad):  # type: ignore[arg-type]
+            pass

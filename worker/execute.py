@@ -263,8 +263,11 @@ def _outputs(writes: tuple[Any, ...], res: Any) -> tuple[np.ndarray, ...]:
         res = (res,)
     if not isinstance(res, tuple) or len(res) != len(writes):
         got = len(res) if isinstance(res, tuple) else 1
+        # a list of as many arrays as outputs is one array to numpy: say what to change
+        listed = (f" (a {type(res).__name__} of {len(res)} is one value: make it a tuple)"
+                  if isinstance(res, list) and len(res) == len(writes) else "")
         raise ResultError(
-            f"returned {got} value(s) but the stage declares {len(writes)} output(s) "
+            f"returned {got} value(s){listed} but the stage declares {len(writes)} output(s) "
             f"({', '.join(d.name for d in writes)}); return a tuple with one array per output"
         )
     return tuple(_array(v, f"output '{d.name}'") for v, d in zip(res, writes))
@@ -294,6 +297,9 @@ def _array(v: Any, what: str) -> np.ndarray:
     if isinstance(v, np.ndarray):
         if v.dtype == object:
             raise ResultError(f"{what} is an object array; return numeric numpy arrays")
+        if isinstance(v, np.ma.MaskedArray):  # the mask would be dropped without a word
+            raise ResultError(f"{what} is a masked array, and canary keeps plain arrays: "
+                              "return a.filled(value) or the data and the mask as two outputs")
         arr = v
     else:
         try:
@@ -302,8 +308,9 @@ def _array(v: Any, what: str) -> np.ndarray:
             raise ResultError(f"{what} must be a numpy array (or number), got a "
                               f"{type(v).__name__} numpy cannot make one of ({exc})") from None
         if arr.dtype == object:
+            big = isinstance(v, int) and not isinstance(v, bool)  # past int64: numpy's object
             raise ResultError(f"{what} must be a numpy array (or number), got "
-                              f"{type(v).__name__}")
+                              f"{'an int too large for int64' if big else type(v).__name__}")
     if arr.dtype.kind in "USV":  # text or raw bytes: sums and reduces of it are nonsense
         raise ResultError(f"{what} is an array of {arr.dtype} (text or raw bytes, from a "
                           f"{type(v).__name__}); return numeric numpy arrays")
