@@ -172,7 +172,8 @@ def _lines(n: int) -> list[str]:
             r"feature index 'x3' is not an integer \(expected INDEX:VALUE with 1-based integer INDEX\)",
         ),
         ("1 1:2 3", r"feature '3' has no ':'"),
-        ("1 0:2", r"feature index 0 .* not 1-based"),
+        ("1 0:2", r"feature index 0 .* not 1-based .*dump_svmlight_file writes 0-based "
+                  r"indices unless given zero_based=False"),
         ("1 3:2 2:1", r"feature index 2 is not greater than the previous"),
         ("1 3:2 3:1", r"feature index 3 is not greater than the previous"),
         (
@@ -415,6 +416,22 @@ def test_extra_columns_allowed_when_asked(tmp_path: Path) -> None:
     p = tmp_path / "w.txt"
     p.write_text("1 2 0.5\n3 4 17 x\n")
     np.testing.assert_array_equal(read_edges(p, allow_extra_columns=True), [[1, 2], [3, 4]])
+    # refused otherwise, with what to do from the command line too (the app has no such flag)
+    with pytest.raises(InputFormatError, match=r"w\.txt:1: line '1 2 0\.5' has more than two "
+                                               r"fields .*keep the first two columns, or read it "
+                                               r"with read_edges\(\.\.\., allow_extra_columns"):
+        read_edges(p)
+
+
+def test_a_byte_order_mark_is_named_where_it_hides_in_a_token(tmp_path: Path) -> None:
+    # 'label '1' is not a number' with an invisible mark before the 1
+    for name, text, read in (("e.txt", "1 2\n2 3\n", read_edges),
+                             ("d.svm", "1 1:2\n0 1:3\n", lambda f: read_rows(f, 0, 2))):
+        f = tmp_path / name
+        f.write_text(text, encoding="utf-8-sig")
+        with pytest.raises(InputFormatError, match=r":1: .*; the file starts with a UTF-8 "
+                                                   r"byte-order mark, invisible before it"):
+            read(f)
 
 
 def test_empty_graph(tmp_path: Path) -> None:

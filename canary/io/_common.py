@@ -350,3 +350,15 @@ def line_of(buf: np.ndarray, first_line: int, offset: int) -> int:
 def token(buf: np.ndarray, s: int, e: int) -> str:
     """buf[s:e] decoded for an error message (undecodable bytes escaped)."""
     return bytes(buf[s:e]).decode("utf-8", errors="backslashreplace")
+
+
+BOM = "\ufeff"
+
+
+def bom_note(tok: str) -> str:
+    """What to add to a message about ``tok`` when it starts with a UTF-8 byte-order mark,
+    which no one sees: the token then looks fine ('label '1' is not a number')."""
+    if not tok.startswith(BOM):
+        return ""
+    return ("; the file starts with a UTF-8 byte-order mark, invisible before it: save the file "
+            "without one (in Python, encoding='utf-8', not 'utf-8-sig')")

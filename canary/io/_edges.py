@@ -10,6 +10,7 @@ from canary.io import _kernels as K
 from canary.io._common import (
     InputFormatError,
     PathLike,
+    bom_note,
     check_exists,
     count_data_lines,
     line_of,
@@ -149,9 +150,9 @@ def _parse(p: str, buf: np.ndarray, line: int, allow_extra: bool) -> np.ndarray:
             K.E_NEGATIVE: f"vertex id '{tok}' is negative ({_EXPECT})",
             K.E_OVERFLOW: f"vertex id '{tok}' does not fit in int64 ({_EXPECT})",
             K.E_EXTRA: (
-                f"line '{tok}' has more than two fields ({_EXPECT}; "
-                "pass allow_extra_columns=True to ignore extra columns)"
+                f"line '{tok}' has more than two fields ({_EXPECT}; keep the first two columns, "
+                "or read it with read_edges(..., allow_extra_columns=True))"
             ),
         }.get(int(err), f"malformed line '{tok}'")
-        raise InputFormatError(f"{p}:{ln}: {msg}")
+        raise InputFormatError(f"{p}:{ln}: {msg}{bom_note(tok)}")
     return out[:m].copy() if m < cap // 2 else np.ascontiguousarray(out[:m])

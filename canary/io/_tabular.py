@@ -14,6 +14,7 @@ from canary.io._common import (
     InputFormatError,
     PathLike,
     binary_kind,
+    bom_note,
     check_exists,
     iter_text_blocks,
     line_of,
@@ -87,7 +88,9 @@ def count_rows(path: PathLike, n_features: int | None = None) -> tuple[int, int]
             if zero is not None:  # features there, all at index 0: a 0-based file
                 line, tok = zero
                 raise InputFormatError(f"{p}:{line}: feature index 0 in '{tok}' is not 1-based "
-                                       f"({_EXPECT_FEATURE} >= 1)")
+                                       f"({_EXPECT_FEATURE} >= 1; scikit-learn's "
+                                       "dump_svmlight_file writes 0-based indices unless given "
+                                       "zero_based=False)")
             raise InputFormatError(
                 f"{p}: no line has an INDEX:VALUE feature (expected 'LABEL INDEX:VALUE ...' "
                 "lines; a table of plain numbers is not svmlight: save it with numpy.save as "
@@ -317,7 +320,7 @@ def _svm_slow(
             else "expected INDEX:VALUE with numeric VALUE"
         )
         raise InputFormatError(
-            f"{p}:{line_of(buf, line, s)}: {what} is not a number ({expect})"
+            f"{p}:{line_of(buf, line, s)}: {what} is not a number ({expect}){bom_note(tok)}"
         ) from None
     if not math.isfinite(v):
         raise InputFormatError(
@@ -338,7 +341,10 @@ def _svm_error(p: str, buf: np.ndarray, line: int, d: int, err: int, s: int, e: 
     msg = {
         K.E_NO_COLON: f"feature '{tok}' has no ':' ({_EXPECT_FEATURE})",
         K.E_INDEX_NOT_INT: f"feature index '{idx}' is not an integer ({_EXPECT_FEATURE})",
-        K.E_INDEX_ZERO: f"feature index 0 in '{tok}' is not 1-based ({_EXPECT_FEATURE} >= 1)",
+        K.E_INDEX_ZERO: (
+            f"feature index 0 in '{tok}' is not 1-based ({_EXPECT_FEATURE} >= 1; scikit-learn's "
+            "dump_svmlight_file writes 0-based indices unless given zero_based=False)"
+        ),
         K.E_INDEX_ORDER: (
             f"feature index {idx} is not greater than the previous index on the line "
             "(expected strictly increasing feature indices)"
@@ -351,7 +357,7 @@ def _svm_error(p: str, buf: np.ndarray, line: int, d: int, err: int, s: int, e: 
         ),
         K.E_QID: f"'{tok}' is not a valid query id (expected qid:INTEGER after the label)",
     }.get(err, f"malformed token '{tok}'")
-    raise InputFormatError(f"{p}:{ln}: {msg}")
+    raise InputFormatError(f"{p}:{ln}: {msg}{bom_note(tok)}")
 
 
 def _binarise(
