@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from canary.cli import find_mpiexec, mpiexec_env
 from canary.pool import client
 from canary.pool.client import PoolError
 from canary.pool.spool import read_json
-from tests.conftest import ROOT
+from tests.conftest import ROOT, shm_left_behind, shm_segments
 
 DRIVER = """
 import sys
@@ -154,6 +155,28 @@ def test_two_jobs_at_once_a_failing_one_and_a_cancel(workers: int, driver: str,
     client.stop(pool_dir, timeout=60)
     with pytest.raises(PoolError, match="no pool is running"):
         client.submit(driver, [], pool_dir)
+
+
+def test_stop_now_ends_a_pool_whose_job_is_stuck_before_canary_run(
+        pool_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a driver that never reaches canary.run never hears of its cancel: `cluster stop --now`
+    # waited for it forever
+    sleepy = tmp_path / "sleepy.py"
+    sleepy.write_text("import time\n\n\ndef main(argv):\n    time.sleep(1e6)\n")
+    # a pool's killed rank left its MPICH file for good: a start now removes such files (those
+    # no process maps, unchanged for a minute), as canary run does
+    swept: list[bool] = []
+    monkeypatch.setattr(client, "remove_stale", lambda: swept.append(True) or [])
+    before = shm_segments()
+    _start(pool_dir, 2)
+    assert swept == [True]
+    job = client.submit(str(sleepy), [], pool_dir)
+    while client.status(job, pool_dir)["state"] != "running":
+        time.sleep(0.05)
+    client.stop(pool_dir, now=True, timeout=60)
+    st = client.status(job, pool_dir)
+    assert st["state"] == "cancelled" and "stopped with --now" in st["error"], st
+    assert shm_left_behind(before) == set()
 
 
 def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from canary.errors import CanaryError
+from canary.mpich_shm import remove_stale
 from canary.pool.spool import FINAL_STATES, Spool, default_dir, read_json, write_json
 from canary.result import JobResult
 from canary.sched.placement import PLACEMENT_POLICIES
@@ -98,6 +99,8 @@ def start(workers: int, mpiexec: str, env: Mapping[str, str],
         raise PoolError(f"a pool is already running at {sp.root} ({info['workers']} workers): "
                         "stop it with `canary cluster stop` or use another --dir")
     sp.root.mkdir(parents=True, exist_ok=True)
+    # what earlier jobs or pools whose ranks were killed left in /dev/shm, as canary run does
+    remove_stale()
     for stale in (sp.pool_file, sp.stop_file, sp.launcher_file):
         stale.unlink(missing_ok=True)
     for folder in ("queue", "cancel"):
@@ -140,13 +143,12 @@ def stop(root: str | os.PathLike[str] | None = None, now: bool = False,
     pool_info(sp.root)
     sp.stop_file.write_text("now" if now else "wait")
     sp.wake()
-    pid = int((read_json(sp.launcher_file) or {}).get("pid", 0))
+    launcher = read_json(sp.launcher_file) or {}
+    pid = int(launcher.get("pid", 0))
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         info = read_json(sp.pool_file) or {}
-        if info.get("state") == "stopped" and (not pid or not is_running(pid)):
-            return
-        if pid and not is_running(pid):
+        if (info.get("state") == "stopped" or pid) and (not pid or not is_running(pid)):
             return
         time.sleep(0.05)
     raise PoolError(f"the pool at {sp.root} did not stop within {timeout:.0f} s "

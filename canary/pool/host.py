@@ -79,6 +79,7 @@ from canary.worker.jobs import JobsWorker
 
 _local = threading.local()  # .ctx: the JobContext of a driver thread; .log: where output goes
 SCAN_S = 0.01  # how often rank 0 looks at the pool directory (submitters also wake it)
+STOP_NOW_GRACE_S = 5.0  # how long `cluster stop --now` waits for cancelled drivers
 # A rank with jobs polls MPI at least this often (what `canary run`'s workers do), an empty
 # one sleeps longer: a placement or job message then waits at most this long to be seen.
 ACTIVE_SLEEP_S = 2.5e-4
@@ -527,6 +528,7 @@ class ControllerHost(_Host):
         self.status: dict[int, dict[str, Any]] = {}
         self.cancelled: dict[int, str] = {}
         self.stopping: str | None = None
+        self.stopping_since = 0.0
         self.next_scan = 0.0
         self.next_status = 0.0
         self.scan_now = False
@@ -663,6 +665,7 @@ class ControllerHost(_Host):
         stop = sp.stop_file
         if self.stopping is None and stop.exists():
             self.stopping = stop.read_text().strip() or "wait"
+            self.stopping_since = time.monotonic()
             self.write_pool("stopping")
         if self.stopping == "now":
             for job in self.state.active:
@@ -724,6 +727,15 @@ class ControllerHost(_Host):
                 self._scan()
                 if self.stopping is not None and not self.state.active and not self.contexts \
                         and not list((self.spool.root / "queue").glob("*")):
+                    break
+                if self.stopping == "now" and \
+                        time.monotonic() - self.stopping_since > STOP_NOW_GRACE_S:
+                    # a driver stuck before canary.run (a slow read, a sleep) never hears of
+                    # its cancel, and a thread cannot be stopped: the pool leaves without it
+                    for job in list(self.status):  # the jobs not yet ended
+                        self._finish(job, 130, "its driver did not end within "
+                                               f"{STOP_NOW_GRACE_S:.0f} s of `canary cluster "
+                                               "stop --now`")
                     break
             if t >= self.next_status:
                 self.next_status = t + 0.5
