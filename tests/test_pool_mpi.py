@@ -207,6 +207,17 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     waiter.wait(30)
     st = client.wait(4, pool_dir, timeout=60)
     assert st["state"] == "cancelled" and "its submitter" in st["error"]
+    # one stopped with SIGTERM cancels it and says so, as Ctrl-C does (it said nothing)
+    waiter = subprocess.Popen([sys.executable, "-m", "canary.cli", "submit", "--cluster",
+                               str(pool_dir), "--wait", driver, "100000", "1.0", "ok", out],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=mpiexec_env(120, str(ROOT)))
+    assert waiter.stdout is not None and waiter.stderr is not None
+    assert "placed on worker(s)" in waiter.stdout.readline().decode()
+    waiter.terminate()
+    assert waiter.wait(30) == 128 + signal.SIGTERM
+    assert "canary: job 5 cancelled" in waiter.stderr.read().decode()
+    assert client.wait(5, pool_dir, timeout=60)["state"] == "cancelled"
     r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "twice", out)
     said = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in said, said
@@ -216,7 +227,7 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert r.returncode == 0 and " done " in r.stdout and " failed " in r.stdout
     r = canary("cluster", "status", "--cluster", str(pool_dir))
     assert "pool ready: 2 worker(s)" in r.stdout
-    assert "1 cancelled, 1 done, 3 failed" in r.stdout, r.stdout
+    assert "2 cancelled, 1 done, 3 failed" in r.stdout, r.stdout
     r = canary("logs", "99", "--cluster", str(pool_dir))
     assert r.returncode == 2 and "no job 99 in the pool" in r.stderr
     # two users' pkg/job.py: the second ran the first's code, with its answer

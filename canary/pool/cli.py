@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -17,6 +18,14 @@ COMMANDS = ("cluster", "submit", "jobs", "logs", "cancel")
 SNAPSHOT_OPTIONS = ("--checkpoint", "--resume", "--restarts")
 EXIT_CANCELLED = 130
 
+
+
+class _Stopped(Exception):
+    """A signal that ends ``submit --wait`` (SIGTERM, SIGHUP)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 def _dir_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cluster", "--dir", dest="dir", default=None, metavar="DIR",
@@ -124,12 +133,21 @@ def _dispatch(args: argparse.Namespace, find_mpiexec: Callable[[], str],
             print(job)
             return 0
         print(f"canary: job {job} submitted", file=sys.stderr, flush=True)
+
+        def stopped(signum: int, frame: object) -> None:
+            raise _Stopped(signum)
+
+        # SIGTERM and SIGHUP end the wait as Ctrl-C does: the job is cancelled, and said to be
+        handlers = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             st = client.wait(job, root, follow=lambda text: print(text, end="", flush=True))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _Stopped) as exc:
             client.cancel(job, root)
             print(f"canary: job {job} cancelled", file=sys.stderr)
-            return EXIT_CANCELLED
+            return 128 + exc.signum if isinstance(exc, _Stopped) else EXIT_CANCELLED
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
         if st["state"] != "done":
             print(f"canary: job {job} {st['state']}: {st.get('error')}", file=sys.stderr)
         if st["state"] == "lost":
