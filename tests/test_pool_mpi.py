@@ -223,11 +223,18 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert r.returncode == 1 and "Traceback" not in said, said
     assert "small_driver: error: canary.run called a second time: a pool job runs one " \
            "program" in said
+    # a syntax error: where it is, not the pool's and importlib's frames
+    broken = tmp_path / "broken.py"
+    broken.write_text("def main(argv):\n    return (1 +\n")
+    r = canary("submit", "--cluster", str(pool_dir), "--wait", str(broken))
+    said = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in said and "importlib" not in said, said
+    assert f'File "{broken}", line 2' in said and "SyntaxError" in said
     r = canary("jobs", "--cluster", str(pool_dir))
     assert r.returncode == 0 and " done " in r.stdout and " failed " in r.stdout
     r = canary("cluster", "status", "--cluster", str(pool_dir))
     assert "pool ready: 2 worker(s)" in r.stdout
-    assert "2 cancelled, 1 done, 3 failed" in r.stdout, r.stdout
+    assert "2 cancelled, 1 done, 4 failed" in r.stdout, r.stdout
     r = canary("logs", "99", "--cluster", str(pool_dir))
     assert r.returncode == 2 and "no job 99 in the pool" in r.stderr
     # two users' pkg/job.py: the second ran the first's code, with its answer
@@ -252,6 +259,8 @@ def test_bad_requests_get_clear_errors(driver: str, tmp_path: Path) -> None:
         client.submit(driver, [], root)
     with pytest.raises(PoolError, match="script not found: missing.py"):
         client.submit("missing.py", [], root)
+    with pytest.raises(PoolError, match=f"{tmp_path} is a folder: give the driver script's file"):
+        client.submit(str(tmp_path), [], root)
     with pytest.raises(PoolError, match="--weight must be > 0, got -1"):
         client.submit(driver, [], root, weight=-1.0)
     with pytest.raises(PoolError, match="--priority must be >= 0"):

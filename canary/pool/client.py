@@ -163,6 +163,8 @@ def submit(script: str, args: Sequence[str] = (), root: str | os.PathLike[str] |
 
     Raises PoolError for a script that does not exist, a priority below 0, a weight that is
     not > 0, a negative worker count, or no pool running there."""
+    if os.path.isdir(script):
+        raise PoolError(f"{script} is a folder: give the driver script's file")
     if not os.path.isfile(script):
         raise PoolError(f"script not found: {script}")
     if priority < 0:

@@ -323,6 +323,8 @@ def _driver(ctx: JobContext) -> None:
             pass  # the job failed or was cancelled: the pool has said why in the job's log
         elif line is not None:  # a declaration mistake, as `canary run` says it
             print(line, file=sys.stderr)
+        elif isinstance(exc, SyntaxError):  # the file, line and caret; not the pool's frames
+            print("".join(traceback.format_exception_only(exc)), end="", file=sys.stderr)
         else:  # the driver's own code failed
             traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"
