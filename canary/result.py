@@ -43,9 +43,19 @@ class JobResult:
         return parts[0]
 
     def concat(self, name: str) -> np.ndarray:
-        """All partitions of reported dataset ``name`` stacked along axis 0. Raises KeyError
-        if ``name`` was not reported."""
-        return np.concatenate(self._reported(name), axis=0)
+        """All partitions of reported dataset ``name`` stacked along axis 0 (partitions that
+        are one number each, 0-d arrays, make a 1-d array of them). Raises KeyError if
+        ``name`` was not reported, ValueError if the partitions' other axes differ."""
+        parts = self._reported(name)
+        if all(p.ndim == 0 for p in parts):  # numpy cannot concatenate scalars: stack them
+            return np.stack(parts)
+        try:
+            return np.concatenate(parts, axis=0)
+        except ValueError:
+            shapes = ", ".join(str(p.shape) for p in parts)
+            raise ValueError(f"dataset '{name}': its partitions cannot be stacked along their "
+                             f"first axis, their shapes are {shapes}; results[{name!r}] lists "
+                             "them") from None
 
     def _reported(self, name: str) -> list[np.ndarray]:
         if name not in self.results:

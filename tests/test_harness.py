@@ -182,6 +182,21 @@ def test_a_destination_without_pieces_is_a_declaration_error(gather: str) -> Non
         p.scatter_gather(a, o, lambda v: [v], gather, targets=lambda i: [0], name="to_first")
 
 
+def test_concat_stacks_one_number_partitions_and_names_shapes_it_cannot_stack() -> None:
+    # numpy's own words were 'zero-dimensional arrays cannot be concatenated'
+    p = Program("scalars")
+    a, b = p.dataset("a", 3), p.dataset("b", 2)
+    p.load([a], lambda i, n: np.float64(i) * np.ones(()))
+    p.load([b], lambda i, n: np.zeros((2, 3)) if i == 0 else np.zeros((2, 4)))
+    p.report(a)
+    p.report(b)
+    r = canary.run_local(p, workers=2)
+    assert r.concat("a").tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(ValueError, match=r"dataset 'b': its partitions cannot be stacked along "
+                                         r"their first axis, their shapes are \(2, 3\), \(2, 4\)"):
+        r.concat("b")
+
+
 def test_a_report_event_value_of_several_partitions_raises_and_fails_the_job() -> None:
     # it was partition 0 alone, silently
     p = Program("events")
