@@ -185,13 +185,15 @@ def test_a_destination_without_pieces_is_a_declaration_error(gather: str) -> Non
 def test_concat_stacks_one_number_partitions_and_names_shapes_it_cannot_stack() -> None:
     # numpy's own words were 'zero-dimensional arrays cannot be concatenated'
     p = Program("scalars")
-    a, b = p.dataset("a", 3), p.dataset("b", 2)
+    a, b, v = p.dataset("a", 3), p.dataset("b", 2), p.dataset("v", 1)
     p.load([a], lambda i, n: np.float64(i) * np.ones(()))
     p.load([b], lambda i, n: np.zeros((2, 3)) if i == 0 else np.zeros((2, 4)))
+    p.reduce(a, v, op="concat")  # was 'their other axes must match, got 3 x () float64'
     p.report(a)
     p.report(b)
+    p.report(v)
     r = canary.run_local(p, workers=2)
-    assert r.concat("a").tolist() == [0.0, 1.0, 2.0]
+    assert r.concat("a").tolist() == [0.0, 1.0, 2.0] == r.value("v").tolist()
     with pytest.raises(ValueError, match=r"dataset 'b': its partitions cannot be stacked along "
                                          r"their first axis, their shapes are \(2, 3\), \(2, 4\)"):
         r.concat("b")

@@ -224,9 +224,17 @@ def gather_replace(pieces: list[np.ndarray]) -> np.ndarray:
 
 
 def gather_concat(pieces: list[np.ndarray]) -> np.ndarray:
-    """Pieces stacked along axis 0 in source order.
+    """Pieces stacked along axis 0 in source order; pieces of one number each (0-d) make a
+    1-d array of them.
 
-    Raises :class:`GatherError` if a piece has no axis 0 or the pieces' other axes differ."""
+    Raises :class:`GatherError` if some pieces but not all have no axis 0, or the pieces'
+    other axes differ."""
+    if all(p.ndim == 0 for p in pieces):
+        return np.stack(pieces)
+    if any(p.ndim == 0 for p in pieces):
+        raise GatherError(f"a 'concat' gather stacks pieces along their first axis, and some "
+                          f"have none (one number each), got {_describe(pieces)}; make them "
+                          "all numbers or all arrays")
     try:
         return np.concatenate(pieces, axis=0)
     except ValueError:
