@@ -88,6 +88,10 @@ from canary.messages import LoadReport
 
 
 class MovePolicy(Protocol):
+    #: lines for the job's progress output (why it did not act, say); the controller prints
+    #: and clears them after each ``decide``
+    notes: list[str]
+
     def report(self, rep: LoadReport, now: float) -> None:
         """Take a worker's load report."""
         ...
@@ -107,6 +111,7 @@ class ChaosPolicy:
         self.every = every
         self.moves = moves
         self._last: float | None = None
+        self.notes: list[str] = []  # chaos explains nothing
 
     def report(self, rep: LoadReport, now: float) -> None:
         """Loads do not matter to chaos."""
@@ -134,6 +139,7 @@ class ScriptedPolicy:
 
     def __init__(self, moves: list[tuple[float, int, int, int]]) -> None:
         self.pending = sorted(moves)
+        self.notes: list[str] = []  # the script is the reason
 
     def report(self, rep: LoadReport, now: float) -> None:
         """Scripted moves do not depend on loads."""
@@ -218,8 +224,7 @@ class BalancePolicy:
         self.wait_margin = wait_margin
         self.drain_wait = drain_wait
         self.evidence = evidence
-        #: lines for the job's progress output; the controller prints and clears them
-        self.notes: list[str] = []
+        self.notes: list[str] = []  # see MovePolicy
         self._said_no_move = False  # once a job: the imbalance no move could help
         self._wait_blocked = False  # the last plan left out a move for the wait_margin rule
         self.drained: set[int] = set()  # workers emptied for their waits for a CPU

@@ -131,10 +131,8 @@ class ControllerState(ControllerSnapshots):
             if self.policy is None or len(self.done) == self.n_workers or self.snapshot:
                 return out
             out += self._move(self.policy.decide(event.now, self))
-            notes = getattr(self.policy, "notes", None)  # why it did not act, say
-            if notes:
-                out += [Progress(f"canary: {line}", self._cause) for line in notes]
-                notes.clear()
+            out += [Progress(f"canary: {line}", self._cause) for line in self.policy.notes]
+            self.policy.notes.clear()
             return out
         if isinstance(event, MoveRequest):
             if self.map is None:
