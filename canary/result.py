@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+
+def stacked(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` stacked along axis 0, in order; parts of one number each (0-d) make a 1-d
+    array of them. Raises numpy's ValueError when they cannot be (a mix of numbers and
+    arrays, other axes that differ): callers say which pieces those were."""
+    if all(p.ndim == 0 for p in parts):  # numpy cannot concatenate numbers: stack them
+        return np.stack(parts)
+    return np.concatenate(parts, axis=0)
+
+
 NEVER_WRITTEN = ("no statement that writes the dataset has run (its writers are in a loop of "
                  "no passes, or in a branch not taken)")
 
@@ -47,10 +57,8 @@ class JobResult:
         are one number each, 0-d arrays, make a 1-d array of them). Raises KeyError if
         ``name`` was not reported, ValueError if the partitions' other axes differ."""
         parts = self._reported(name)
-        if all(p.ndim == 0 for p in parts):  # numpy cannot concatenate scalars: stack them
-            return np.stack(parts)
         try:
-            return np.concatenate(parts, axis=0)
+            return stacked(parts)
         except ValueError:
             shapes = ", ".join(str(p.shape) for p in parts)
             raise ValueError(f"dataset '{name}': its partitions cannot be stacked along their "

@@ -17,6 +17,7 @@ from canary.errors import GatherError
 from canary.messages import Piece, PieceBatch, TaskDone, TaskFailed, worker_rank
 from canary.partition_map import ACCEPT, HOLD, route_incoming
 from canary.program import Stage
+from canary.result import stacked
 from canary.worker.core import WorkerCore
 from canary.worker.tasks import K_COMPUTE, K_FUSED, K_GATHER, K_SCATTER, Task, failure_text
 
@@ -229,14 +230,12 @@ def gather_concat(pieces: list[np.ndarray]) -> np.ndarray:
 
     Raises :class:`GatherError` if some pieces but not all have no axis 0, or the pieces'
     other axes differ."""
-    if all(p.ndim == 0 for p in pieces):
-        return np.stack(pieces)
-    if any(p.ndim == 0 for p in pieces):
+    if any(p.ndim == 0 for p in pieces) and not all(p.ndim == 0 for p in pieces):
         raise GatherError(f"a 'concat' gather stacks pieces along their first axis, and some "
                           f"have none (one number each), got {_describe(pieces)}; make them "
                           "all numbers or all arrays")
     try:
-        return np.concatenate(pieces, axis=0)
+        return stacked(pieces)
     except ValueError:
         raise GatherError(f"a 'concat' gather stacks pieces along their first axis, so their "
                           f"other axes must match, got {_describe(pieces)}") from None
