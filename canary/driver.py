@@ -95,8 +95,6 @@ def save_npz(path: str, **arrays: Any) -> None:
     """Write ``arrays`` as an ``.npz`` archive (``numpy.load`` reads it) at exactly ``path``:
     ``numpy.savez(path)`` would append ``.npz`` to a name without it, so ``--output model``
     (or a directory's name) would write beside what was asked for."""
-    import numpy as np
-
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 

@@ -377,7 +377,8 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         return (code if code >= 0 else 128 - code), []
     status = end.mpiexec_status if end.mpiexec_status > 0 else 1
     names = ", ".join(name(r) for r in unfinished)
-    return status, [f"canary: the job ended before it finished ({names} did not finish); {_lost(end)}"]
+    return status, [f"canary: the job ended before it finished ({names} did not finish); "
+                    f"{_lost(end)}"]
 
 
 # -- supervising mpiexec -------------------------------------------------------------------

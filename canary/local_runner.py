@@ -147,8 +147,8 @@ def run_local(
     every worker is done), which would be an engine bug; ValueError, before anything runs, if
     ``workers`` is not an integer >= 1, ``seed`` one >= 0 or ``chaos`` None or one >= 0.
     ``validate=True`` checks every state's invariants and the cross-role invariant after each
-    event. ``window`` and ``max_fused``
-    (below 2: no fusion) set the workers' :class:`WorkerConfig`, or ``config`` gives all of it.
+    event. ``window`` and ``max_fused`` (below 2: no fusion) set the workers'
+    :class:`WorkerConfig`, or ``config`` gives all of it.
     ``chaos=SEED`` moves random partitions to random workers at random moments (seeded; the
     controller's :class:`canary.controller.balance.ChaosPolicy`): the answer must not change.
     ``inject(controller, workers)`` (tests) is called after every event and returns moves

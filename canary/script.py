@@ -29,8 +29,9 @@ def run_main(file: str, argv: list[str] | None = None) -> int:
     only (a file that one host cannot read) must not be lost. A job that failed in this
     process (``TaskError`` or ``JobAborted`` from ``run_local``) is said as ``canary run`` says
     it, ``canary: job aborted: MESSAGE`` (the message holds the kernel's traceback), and the
-    result is 1. A traceback is kept for everything else. A non-zero result on one rank of a multi-rank job aborts the whole job
-    unless every rank has ended (see :func:`_end_job_on_failure`).
+    result is 1. A traceback is kept for everything else. A non-zero result on one rank of a
+    multi-rank job aborts the whole job unless every rank has ended (see
+    :func:`_end_job_on_failure`).
     """
     path = Path(file).resolve()
     if not (path.parent / "__init__.py").exists():

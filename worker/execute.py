@@ -244,7 +244,8 @@ def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None,
     (dataset id, partition, value) are the failed function's; default: the task's reads."""
     exc = sys.exc_info()[1]
     assert exc is not None
-    where = task_place(state.rank, state.worker, label or task.label())
+    label = label or task.label()
+    where = task_place(state.rank, state.worker, label)
     if inputs is None:
         inputs = [(p.dataset, p.index, p.value) for p in task.reads]
     unset = next(((d, k) for d, k, value in inputs if value is None), None)
@@ -254,8 +255,7 @@ def _failed(state: WorkerState, task: Task, eid: int, label: str | None = None,
                                      f"value: {NEVER_WRITTEN}")
     if isinstance(exc, ResultError):
         return TaskFailed(eid, task, f"{where}: {exc}")
-    return TaskFailed(eid, task, failure_text(state.rank, state.worker, label or task.label(),
-                                              exc))
+    return TaskFailed(eid, task, failure_text(state.rank, state.worker, label, exc))
 
 
 def _outputs(writes: tuple[Any, ...], res: Any) -> tuple[np.ndarray, ...]:

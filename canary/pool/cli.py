@@ -19,13 +19,13 @@ SNAPSHOT_OPTIONS = ("--checkpoint", "--resume", "--restarts")
 EXIT_CANCELLED = 130
 
 
-
 class _Stopped(Exception):
     """A signal that ends ``submit --wait`` (SIGTERM, SIGHUP)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
 
 def _dir_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cluster", "--dir", dest="dir", default=None, metavar="DIR",

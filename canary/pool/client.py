@@ -143,12 +143,13 @@ def stop(root: str | os.PathLike[str] | None = None, now: bool = False,
     pool_info(sp.root)
     sp.stop_file.write_text("now" if now else "wait")
     sp.wake()
-    launcher = read_json(sp.launcher_file) or {}
-    pid = int(launcher.get("pid", 0))
+    pid = int((read_json(sp.launcher_file) or {}).get("pid", 0))
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         info = read_json(sp.pool_file) or {}
-        if (info.get("state") == "stopped" or pid) and (not pid or not is_running(pid)):
+        if info.get("state") == "stopped" and (not pid or not is_running(pid)):
+            return
+        if pid and not is_running(pid):
             return
         time.sleep(0.05)
     raise PoolError(f"the pool at {sp.root} did not stop within {timeout:.0f} s "
