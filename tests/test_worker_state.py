@@ -576,7 +576,9 @@ def test_a_traced_stretch_reports_the_seconds_it_took() -> None:
     ev = run_task(st, run.task, next(EIDS), on_task=lambda *a: spans.append(a[-2:]))
     took = time.perf_counter() - began
     assert isinstance(ev, TaskDone) and 0 <= ev.seconds <= took
-    assert len(spans) == 60 and all(0 <= end - start <= took for start, end in spans)
+    # every task timed once; their time.time() stamps are the trace's, not compared with the
+    # clock here (a wall clock may be stepped)
+    assert len(spans) == 60
 
 
 def test_fused_stretches_respect_max_fused_and_wait_for_each_other() -> None:
