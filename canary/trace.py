@@ -11,9 +11,9 @@ every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
 * each partition's move (``cat: "migration"``) as a span on its source (``migrate out``: from
   the move's arrival to the values' departure; ``args``: the move, the group and the partition
   index) and on its destination (``migrate in``: from the offer to the partition's
-  installation; ``args`` as well as ``bytes``, what came, and ``recycled``, the bytes that arrived
-  meanwhile in pages kept from earlier arrays, see ``canary.mpi_transport.Recycler``), at
-  either level;
+  installation; ``args`` as well as ``bytes``, what came, and ``recycled``, the bytes that
+  arrived meanwhile in pages kept from earlier arrays, see ``canary.mpi_transport.Recycler``),
+  at either level;
 * each load report the controller receives (``cat: "load"``), at either level: a counter track
   per worker on the controller (``worker 1 load``: the fraction of the report's interval the
   worker was busy, and the fraction it waited for a CPU) and the report itself as an instant
