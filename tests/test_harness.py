@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -168,6 +170,23 @@ def test_a_sum_gathers_pieces_in_the_dtype_numpy_adds_them_in() -> None:
     want_f = np.array([1.0], np.float32) + np.array([1e-8]) + np.array([1e-8])
     assert r.value("ta").dtype == want_a.dtype and r.value("ta")[0] == want_a[0]
     assert r.value("tf").dtype == want_f.dtype and r.value("tf")[0] == want_f[0]
+
+
+@pytest.mark.parametrize("n", [3, 20_000])  # moved inline (small) or by a gather task (large)
+def test_a_sum_that_overflows_warns_naming_its_stage_not_canarys_code(n: int) -> None:
+    # numpy's own warning pointed at worker/moves.py's `acc += p`
+    p = Program("overflow")
+    a, s = p.dataset("a", 4), p.dataset("s", 1)
+    p.load([a], lambda i, _: np.full(n, 1e308))
+    p.reduce(a, s, name="total")
+    p.report(s)
+    with pytest.warns(RuntimeWarning) as said:
+        r = canary.run_local(p, workers=2)
+    assert np.isinf(r.value("s")).all()
+    texts = [str(w.message) for w in said]
+    assert any(re.match(r"rank \d \(worker \d\): stage 'total' \(id 1\): overflow encountered in "
+                        r"the 'sum' gather into 's'", t) for t in texts), texts
+    assert all(w.filename == "canary" for w in said), [(w.filename, w.lineno) for w in said]
 
 
 @pytest.mark.parametrize("gather", ["sum", "concat"])

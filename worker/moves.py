@@ -8,6 +8,7 @@ whose sender knows a newer placement than it does, *accepts* it if it owns the p
 
 from __future__ import annotations
 
+import warnings
 from itertools import groupby
 from typing import Any
 
@@ -19,7 +20,15 @@ from canary.partition_map import ACCEPT, HOLD, route_incoming
 from canary.program import Stage
 from canary.result import stacked
 from canary.worker.core import WorkerCore
-from canary.worker.tasks import K_COMPUTE, K_FUSED, K_GATHER, K_SCATTER, Task, failure_text
+from canary.worker.tasks import (
+    K_COMPUTE,
+    K_FUSED,
+    K_GATHER,
+    K_SCATTER,
+    Task,
+    failure_text,
+    task_place,
+)
 
 
 class DataMoves(WorkerCore):
@@ -182,7 +191,8 @@ class DataMoves(WorkerCore):
             if t.kind is K_GATHER:
                 assert t.pieces is not None
                 try:
-                    res: Any = GATHERS[st.gather]([t.pieces[s] for s in st.sources[t.part]])
+                    res: Any = builtin_gather([t.pieces[s] for s in st.sources[t.part]], st,
+                                              self.rank, self.worker)
                 except GatherError as exc:  # as the gather task would have failed
                     q.clear()
                     failed = failure_text(self.rank, self.worker, t.label(), exc)
@@ -217,6 +227,37 @@ def gather_sum(pieces: list[np.ndarray]) -> np.ndarray:
                               "make every piece the same shape")
         acc += p
     return acc
+
+
+class _FloatTrouble:
+    """numpy's floating-point error handler while a 'sum' gather adds: a warning that names
+    the stage and the rank, where numpy's own would point at canary's ``+=``."""
+
+    __slots__ = ("stage", "rank", "worker")
+
+    def __init__(self, stage: Stage, rank: int, worker: int) -> None:
+        self.stage, self.rank, self.worker = stage, rank, worker
+
+    def __call__(self, kind: str, flag: int) -> None:
+        dst = self.stage.dst.name if self.stage.dst is not None else "?"
+        # explicit: the line numpy's warning would show is canary's, not the user's
+        warnings.warn_explicit(f"{task_place(self.rank, self.worker, self.stage.label())}: "
+                               f"{kind} encountered in the 'sum' gather into '{dst}': a float "
+                               "overflowed or made a nan, so the result holds an inf or a nan",
+                               RuntimeWarning, "canary", 0, module="canary")
+
+
+def builtin_gather(pieces: list[np.ndarray], stage: Stage, rank: int,
+                   worker: int) -> np.ndarray:
+    """``stage``'s built-in gather (a name in :data:`GATHERS`) of ``pieces``, on ``rank``
+    (worker ``worker``). A float overflow or nan that a 'sum' makes is a ``RuntimeWarning``
+    naming the stage and rank (numpy's default filter says it once per stage and rank); as in
+    a kernel, the job goes on with the inf or nan. Raises :class:`GatherError` as the gather
+    does."""
+    if stage.gather != "sum" or all(p.dtype.kind != "f" and p.dtype.kind != "c" for p in pieces):
+        return GATHERS[stage.gather](pieces)  # type: ignore[no-any-return]
+    with np.errstate(all="call", call=_FloatTrouble(stage, rank, worker)):
+        return gather_sum(pieces)
 
 
 def gather_replace(pieces: list[np.ndarray]) -> np.ndarray:

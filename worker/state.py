@@ -53,7 +53,7 @@ from canary.worker.config import WorkerConfig
 from canary.worker.fusion import Fusion
 from canary.worker.interpreter import Interpreter
 from canary.worker.migration import Migration, MoveIn, MoveOut
-from canary.worker.moves import GATHERS, DataMoves
+from canary.worker.moves import DataMoves, builtin_gather
 from canary.worker.snapshots import Snapshots
 from canary.worker.tasks import (
     K_COMPUTE,
@@ -229,7 +229,9 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         if kind == K_GATHER:
             assert task.pieces is not None
             pieces = [task.pieces[s] for s in st.sources[task.part]]
-            return GATHERS.get(st.gather, st.gather), (pieces,)  # type: ignore[call-overload]
+            if type(st.gather) is str:
+                return builtin_gather, (pieces, st, self.rank, self.worker)
+            return st.gather, (pieces,)
         if kind == K_SIGNAL:
             return st.fn, (self.parts[(st.reads[0].id, 0)].value,)
         if kind == K_REPORT:
