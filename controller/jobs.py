@@ -80,6 +80,15 @@ class _Job:
     ranks: tuple[int, ...] = ()
     state: ControllerState | None = None
     inbox: list[Any] = field(default_factory=list)
+    #: workers whose driver exited with status 0 before declaring a program: the job has
+    #: none if rank 0's driver does the same; if it declares one, the drivers diverged
+    clean_exits: list[int] = field(default_factory=list)
+
+
+def _where(worker: int) -> str:
+    """A driver's place in a job's messages: rank 0, or the worker and its pool rank (the
+    number in its log's name)."""
+    return "rank 0" if worker < 0 else f"worker {worker} (rank {worker_rank(worker)})"
 
 
 class JobsController:
@@ -137,10 +146,7 @@ class JobsController:
         elif kind is Declared:
             self._on_declared(event, out)
         elif kind is DriverEnded:
-            j = self.jobs.get(event.job)
-            if j is not None:
-                where = "rank 0" if event.worker < 0 else f"worker {event.worker}"
-                self._abort(j, f"the driver on {where} gave up: {event.message}", out)
+            self._on_driver_ended(event, out)
         elif kind is CancelJob:
             j = self.jobs.get(event.job)
             if j is not None:
@@ -216,6 +222,13 @@ class JobsController:
     def _on_declared(self, ev: Declared, out: list[Any]) -> None:
         j = self.jobs.get(ev.job)
         if j is None or j.info.state != "running" or j.state is not None:
+            return
+        if j.clean_exits:
+            w = j.clean_exits[0]
+            self._abort(j, f"the driver on {_where(w)} exited with status 0 without running a "
+                           "program, and the one on rank 0 declared a program: every rank "
+                           "runs the same driver, so it must not choose by rank, host, time "
+                           "or an unseeded random", out)
             return
         program: Program = ev.program
         try:
@@ -297,6 +310,23 @@ class JobsController:
         info.state = "ended"
         info.reason = reason
         out.append(Release(job, reason, JobAborted, None, self._cause))
+
+    def _on_driver_ended(self, ev: DriverEnded, out: list[Any]) -> None:
+        """A driver ended before its job did, or the job's state failed on a worker. A driver that exited with status 0 before any
+        program was declared (``--help``) ends the job without one, once rank 0's has done
+        so (the workers' may end first); any other end aborts the job."""
+        j = self.jobs.get(ev.job)
+        if j is None:
+            return
+        if ev.clean and j.state is None and j.info.state == "running":
+            if ev.worker >= 0:
+                j.clean_exits.append(ev.worker)
+                return
+            out += [self._send(r, JobEnd(self._next_eid(), j.info.job, None)) for r in j.ranks]
+            j.info.state = "ended"
+            out.append(Release(j.info.job, None, JobAborted, None, self._cause))
+            return
+        self._abort(j, f"the job stopped on {_where(ev.worker)}: {ev.message}", out)
 
     # ------------------------------------------------------------------ helpers
     def _send(self, dest: int, msg: Any) -> Send:

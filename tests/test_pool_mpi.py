@@ -244,6 +244,8 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
         (tmp_path / who / "pkg" / "job.py").write_text(f"def main(argv):\n    print('{who}')\n")
     r = canary("submit", "--cluster", str(pool_dir), "--wait", str(tmp_path / "alice/pkg/job.py"))
     assert r.returncode == 0 and "alice" in r.stdout, r.stderr
+    # it declared no program: that is no abort (it said "job aborted: the driver ... gave up")
+    assert "aborted" not in r.stdout + r.stderr, r.stdout + r.stderr
     r = canary("submit", "--cluster", str(pool_dir), "--wait", str(tmp_path / "bob/pkg/job.py"))
     said = r.stdout + r.stderr
     assert r.returncode == 1 and "alice\n" not in said.splitlines(keepends=True)

@@ -12,11 +12,14 @@ import pytest
 import canary
 from canary.controller.jobs import JobsController
 from canary.errors import JobAborted, TaskError
-from canary.messages import CONTROLLER, Send
+from canary.messages import CONTROLLER, Send, worker_rank
 from canary.pool.local import LocalJob, run_jobs_local
 from canary.pool.messages import (
     Cancel,
+    Declared,
+    DriverEnded,
     Envelope,
+    JobEnd,
     JobNote,
     JobSpec,
     JobStart,
@@ -292,6 +295,56 @@ def test_cancel_while_placing_withdraws_every_reservation() -> None:
     out = ctrl.handle(Cancel(2, 1, "no longer wanted"))
     assert out == [Send(r, Unreserve(k, 1), 2) for k, r in enumerate(reserved, len(reserved) + 1)]
     assert ctrl.info(1).state == "ended"
+
+
+def _running(workers: int = 2) -> tuple[JobsController, tuple[int, ...]]:
+    """A controller with job 1 running on ``workers`` of 2 workers: its ranks."""
+    ctrl = JobsController(2, "batch-late", d=1.0, seed=0)
+    out = ctrl.handle(Submit(1, 1, JobSpec("drv.py", workers=workers)))
+    for k, ins in enumerate(out, 10):
+        ctrl.handle(Request(k, 1, ins.dest - 1))
+    assert ctrl.info(1).state == "running"
+    return ctrl, tuple(worker_rank(w) for w in ctrl.info(1).workers)
+
+
+def test_drivers_that_exit_0_without_a_program_end_the_job_quietly() -> None:
+    # `canary submit app.py --help`: it was "job aborted: the driver on worker 1 gave up"
+    ctrl, ranks = _running()
+    assert ctrl.handle(DriverEnded(20, 1, 1, "its driver exited with status 0", True)) == []
+    assert ctrl.info(1).state == "running"  # rank 0's driver may still declare a program
+    out = ctrl.handle(DriverEnded(21, 1, -1, "its driver exited with status 0", True))
+    eids = [ins.message.eid for ins in out[:-1]]
+    assert out == [Send(r, JobEnd(k, 1, None), 21) for k, r in zip(eids, ranks)] + \
+        [Release(1, None, JobAborted, None, 21)]
+    assert ctrl.info(1).state == "ended" and ctrl.info(1).reason is None
+
+
+def test_a_worker_driver_that_exits_0_while_rank_0_declares_a_program_aborts_the_job() -> None:
+    ctrl, ranks = _running()
+    ctrl.handle(DriverEnded(20, 1, 1, "its driver exited with status 0", True))
+    out = ctrl.handle(Declared(21, 1, program("p", 2, 2)))
+    assert ctrl.info(1).state == "ended"
+    reason = ctrl.info(1).reason
+    assert reason is not None and reason.startswith(
+        "the driver on worker 1 (rank 2) exited with status 0 without running a program, and "
+        "the one on rank 0 declared a program")
+    assert Release(1, reason, JobAborted, None, 21) in out
+
+
+@pytest.mark.parametrize("worker, where", [(1, "worker 1 (rank 2)"), (-1, "rank 0")])
+def test_a_driver_that_fails_or_exits_after_declaring_aborts_the_job_naming_it(
+        worker: int, where: str) -> None:
+    ctrl, _ = _running()
+    ctrl.handle(DriverEnded(20, 1, worker, "its driver failed: ValueError: bad row"))
+    assert ctrl.info(1).reason == f"the job stopped on {where}: its driver failed: ValueError: " \
+                                  "bad row"
+    ctrl, _ = _running()
+    ctrl.handle(Declared(20, 1, program("p", 2, 2)))
+    ctrl.handle(DriverEnded(21, 1, worker, "its driver exited with status 0 before the job "
+                                           "ended", True))  # clean, but after declaring
+    assert ctrl.info(1).state == "ended"
+    assert ctrl.info(1).reason == f"the job stopped on {where}: its driver exited with " \
+                                  "status 0 before the job ended"
 
 
 # ---------------------------------------------------------------- a worker's routing

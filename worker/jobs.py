@@ -323,7 +323,7 @@ class JobsWorker:
         elif kind is DriverEnded:
             j = self.jobs.get(event.job)
             if j is not None:  # the driver here gave up while the job goes on: say so
-                self._broken(j, event.message, out)
+                self._broken(j, event.message, out, event.clean)
         elif kind is StopPool:
             self.stopped = True
             out.append(event)
@@ -378,7 +378,7 @@ class JobsWorker:
                     break
                 self._apply(j, j.state.handle(msg), out)
         except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
-            self._broken(j, f"worker {self.worker}: {type(exc).__name__}: {exc}", out)
+            self._broken(j, f"{type(exc).__name__}: {exc}", out)
             return
         self._started(j, self._now)
 
@@ -402,7 +402,7 @@ class JobsWorker:
         try:
             self._apply(j, j.state.handle(msg), out)
         except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
-            self._broken(j, f"worker {self.worker}: {type(exc).__name__}: {exc}", out)
+            self._broken(j, f"{type(exc).__name__}: {exc}", out)
             return
         if self.binding == ev.job:
             self._started(j, now)
@@ -476,7 +476,7 @@ class JobsWorker:
             self.running = (key, unit)
             out.append(RunJobTask(key, unit, self._cause))
 
-    def _broken(self, j: _Job, message: str, out: list[Any]) -> None:
+    def _broken(self, j: _Job, message: str, out: list[Any], clean: bool = False) -> None:
         if j.broken:
             return
         j.broken = True
@@ -484,8 +484,8 @@ class JobsWorker:
         self.queue.remove_job(j.job)
         j.state = None
         self._unbind(j.job, self._now)
-        out.append(Send(CONTROLLER, DriverEnded(self._next_eid(), j.job, self.worker, message),
-                        self._cause))
+        out.append(Send(CONTROLLER, DriverEnded(self._next_eid(), j.job, self.worker, message,
+                                                clean), self._cause))
 
     def _end(self, job: int, reason: str | None, out: list[Any]) -> None:
         j = self.jobs.pop(job, None)

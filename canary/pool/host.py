@@ -298,6 +298,13 @@ def _load(script: str) -> types.ModuleType | None:
         return module
 
 
+def _driver_end(code: int, error: str | None) -> str:
+    """Why a job cannot go on where its driver ended early: its exception, or its status."""
+    if error is not None:
+        return f"its driver failed: {error}"
+    return f"its driver exited with status {code} before the job ended"
+
+
 def _driver(ctx: JobContext) -> None:
     """A driver thread: run the job's script and say how it ended."""
     _local.ctx = ctx
@@ -510,9 +517,9 @@ class WorkerHost(_Host):
             if ctx is not None and ctx.log is not None:
                 ctx.log.close()
             if ctx is not None and not ctx.released.is_set():
-                why = item[3] or f"it exited with status {item[2]} before the job ended"
-                self.handle(DriverEnded(self.eid(), job, self.rank - 1,
-                                        f"rank {self.rank}: {why}"))
+                why = _driver_end(item[2], item[3])
+                clean = item[2] == 0 and item[3] is None and not ctx.declared
+                self.handle(DriverEnded(self.eid(), job, self.rank - 1, why, clean))
 
 
 class ControllerHost(_Host):
@@ -600,14 +607,16 @@ class ControllerHost(_Host):
 
     def _release(self, ins: Release) -> None:
         ctx = self.contexts.get(ins.job)
-        if ins.reason is None:
+        if ins.reason is None and ins.result is None:  # the driver declared no program
+            outcome: Any = None
+        elif ins.reason is None:
             st = ins.result
             result = JobResult(st.results, st.tasks_run, st.n_workers,
                                time.time() - self.status[ins.job].get("started", time.time()),
                                dict(st.received), dict(st.sent), math.nan, {}, st.migrations,
                                st.bytes_migrated)
             self._save(ins.job, result)
-            outcome: Any = result
+            outcome = result
         else:
             reason = self.cancelled.get(ins.job, ins.reason)
             self.note(ins.job, f"canary: job aborted: {reason}")
@@ -637,8 +646,9 @@ class ControllerHost(_Host):
             ctx = self.contexts.pop(job, None)
             code, error = int(item[2]), item[3]
             if job in self.state.jobs and self.state.info(job).state != "ended":
-                why = error or f"it exited with status {code} before the job ended"
-                self.carry(self.state.handle(DriverEnded(self.eid(), job, -1, why)))
+                why = _driver_end(code, error)
+                clean = code == 0 and error is None and ctx is not None and not ctx.declared
+                self.carry(self.state.handle(DriverEnded(self.eid(), job, -1, why, clean)))
             if code != 0 and error is None:
                 error = f"the driver exited with status {code}"
             if ctx is not None and isinstance(ctx.outcome, BaseException) and not error:

@@ -93,11 +93,12 @@ class JobStart(Message):
 @dataclass(slots=True)
 class JobEnd(Message):
     """The job ended before its workers were told by its own controller (its driver on rank 0
-    failed or returned before ``canary.run``, or it was cancelled before it was declared)."""
+    failed or returned before ``canary.run``, or it was cancelled before it was declared).
+    ``reason`` None: every driver exited with status 0 without declaring a program."""
 
     eid: int
     job: int
-    reason: str
+    reason: str | None
 
 
 @dataclass(slots=True)
@@ -139,12 +140,14 @@ class Request(Message):
 @dataclass(slots=True)
 class DriverEnded(Message):
     """The job cannot go on here: the driver on this rank (``worker``; -1 on rank 0) ended
-    before the job did, or the job's state failed. ``message`` says why."""
+    before the job did, or the job's state failed. ``message`` says why. ``clean``: the driver
+    exited with status 0 before it declared a program (``--help``): the job may have none."""
 
     eid: int
     job: int
     worker: int
     message: str
+    clean: bool = False
 
 
 # ---------------------------------------------------------------- local events
