@@ -176,6 +176,15 @@ def test_stop_now_ends_a_pool_whose_job_is_stuck_before_canary_run(
     client.stop(pool_dir, now=True, timeout=60)
     st = client.status(job, pool_dir)
     assert st["state"] == "cancelled" and "stopped with --now" in st["error"], st
+    # `canary cancel` of such a job: it stayed "running" until the pool stopped
+    _start(pool_dir, 2)
+    job = client.submit(str(sleepy), [], pool_dir)
+    while client.status(job, pool_dir)["state"] != "running":
+        time.sleep(0.05)
+    client.cancel(job, pool_dir)
+    st = client.wait(job, pool_dir, timeout=60)
+    assert st["state"] == "cancelled" and "canary cancel" in st["error"], st
+    client.stop(pool_dir, now=True, timeout=60)
     assert shm_left_behind(before) == set()
 
 

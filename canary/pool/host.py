@@ -621,6 +621,11 @@ class ControllerHost(_Host):
             reason = self.cancelled.get(ins.job, ins.reason)
             self.note(ins.job, f"canary: job aborted: {reason}")
             outcome = ins.error(reason)
+            if ins.job in self.cancelled:
+                # said now, not when its driver thread ends: one stuck before canary.run (a
+                # thread cannot be stopped) would leave the job "running" until the pool stops
+                self.job_status(ins.job, state="cancelled", exit_code=130, error=reason,
+                                ended=time.time())
         if ctx is not None:
             ctx.release(outcome)
 
