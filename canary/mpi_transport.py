@@ -308,11 +308,20 @@ class MpiTransport:
             return self._inbox.popleft()
         return self._receive()
 
-    def _receive(self) -> tuple[int, Any] | None:
+    def _probe(self) -> bool:
+        """Whether a message is there (its source in ``self._status``). MPICH's ``Iprobe``
+        looks for a message before it makes progress, so one that arrived while this rank ran
+        tasks (made no MPI call) is found only by the second probe: with one, a busy worker
+        saw it a whole batch of tasks later (a pool's cancel, a 4 s task later)."""
         st = self._status
-        if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CTRL, st):
+        comm = self.comm
+        return bool(comm.Iprobe(MPI.ANY_SOURCE, TAG_CTRL, st)
+                    or comm.Iprobe(MPI.ANY_SOURCE, TAG_CTRL, st))
+
+    def _receive(self) -> tuple[int, Any] | None:
+        if not self._probe():
             return None
-        src = st.Get_source()
+        src = self._status.Get_source()
         msg, raw = unpack(self.comm.recv(source=src, tag=TAG_CTRL))
         if raw is not None:  # the array follows as a raw buffer (MPI keeps per-sender order)
             msg.array = receive_raw(self.comm, src, raw[0], raw[1], self.recycler)

@@ -161,7 +161,8 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         send(ins.dest, ins.message)
     # MPI is polled between batches of tasks, not after every task (an Iprobe costs about as
     # much as scheduling a task): the batch adapts so that it lasts about poll_interval_s,
-    # which bounds the extra latency of a message to that plus one task.
+    # which bounds the extra latency of a message to that plus one task (a poll finds a message
+    # that came during the batch: see MpiTransport._probe).
     batch = 1
     poll_interval = config.poll_interval_s
     max_batch = config.max_batch

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpi4py import MPI
-
 from canary.mpi_transport import INLINE_BYTES, TAG_CTRL, MpiTransport, receive_raw, send_raw
 from canary.pool.messages import POOL, Envelope
 from canary.wire import pack, unpack
@@ -36,10 +34,9 @@ class JobTransport(MpiTransport):
         self._pending.append((r1, *send_raw(self.comm, buf, dest), buf))
 
     def _receive(self) -> tuple[int, Any] | None:
-        st = self._status
-        if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CTRL, st):
+        if not self._probe():
             return None
-        src = st.Get_source()
+        src = self._status.Get_source()
         job, payload = self.comm.recv(source=src, tag=TAG_CTRL)
         msg, raw = unpack(payload)
         if raw is not None:
