@@ -507,3 +507,26 @@ def test_a_ranks_idle_wait_ends_when_woken() -> None:
     idle.wake()
     idle.sleep(60.0)  # woken: returns at once and starts over from the shortest sleep
     assert idle._idle == 0 and idle._sleep == idle.min_sleep
+
+
+def test_a_pool_starting_marks_lost_what_a_pool_that_died_there_left_unfinished(
+        tmp_path: Path) -> None:
+    # they came back as "running" for ever under the new pool, and a cancel did nothing
+    from canary.pool import client
+    from canary.pool.spool import Spool, read_json, write_json
+
+    sp = Spool(tmp_path)
+    jobs = [sp.new_job({"script": "x.py"}) for _ in range(3)]
+    assert sp.take("queue") == jobs  # read by the pool that died
+    jobs.append(sp.new_job({"script": "x.py"}))  # still queued when it died
+    for job, state in zip(jobs, ("running", "placing", "done")):
+        write_json(sp.status_file(job), {"job": job, "state": state, "started": 1.0})
+    assert sp.mark_lost() == [jobs[0], jobs[1], jobs[3]]
+    said = {job: read_json(sp.status_file(job)) for job in jobs}
+    assert [said[j]["state"] for j in jobs] == ["lost", "lost", "done", "lost"]
+    assert said[jobs[0]]["error"] == f"the pool ended before the job (see {sp.log_file})"
+    assert said[jobs[3]]["error"].startswith("the pool ended before the job started")
+    assert sp.take("queue") == []  # the new pool will not run it
+    assert sp.mark_lost() == []  # and says it once
+    with pytest.raises(client.PoolError, match=r"already ended \(lost\)"):
+        client.cancel(jobs[0], tmp_path)

@@ -160,12 +160,14 @@ def _dispatch(args: argparse.Namespace, find_mpiexec: Callable[[], str],
         now = time.time()
         for st in rows:
             start = st.get("started") or st.get("submitted") or now
-            elapsed = (st.get("ended") or now) - start
+            # a lost job's end is not known: its time would grow for ever
+            elapsed = "-" if st["state"] == "lost" and not st.get("ended") else \
+                f"{(st.get('ended') or now) - start:.1f}s"
             it = st.get("iteration", -1)
             ws = ",".join(map(str, st.get("workers", []))) or "-"
             print(f"{st['job']:>5} {str(st.get('user'))[:10]:10} {st.get('priority', 0):>3} "
                   f"{st['state']:9} {ws[:10]:10} {it if it is not None and it >= 0 else '-':>6} "
-                  f"{elapsed:>8.1f}s  {st.get('script')}")
+                  f"{elapsed:>9}  {st.get('script')}")
         return 0
     if args.command == "logs":
         print(client.logs(args.job, root), end="")

@@ -722,6 +722,7 @@ class ControllerHost(_Host):
             self._finish(job, 130, reason)
 
     def loop(self) -> None:
+        self.spool.mark_lost()  # before "ready": no submission can come before
         self.listen()
         self.write_pool("ready")
         while True:

@@ -6,7 +6,8 @@ Layout of a pool directory ``DIR``:
   policies), written by rank 0; ``launcher.json``: the mpiexec process, written by
   ``cluster start``; ``pool.log``: mpiexec's output.
 * ``jobs/ID/``: one folder per job: ``spec.json`` (what was submitted), ``status.json`` (state
-  ``queued``, ``placing``, ``running``, ``done``, ``failed``, ``cancelled``; exit status,
+  ``queued``, ``placing``, ``running``, ``done``, ``failed``, ``cancelled``, ``lost``: left
+  unfinished by a pool that died, marked when the next pool starts here; exit status,
   error, workers, progress, times), ``out.log`` (the driver's output on rank 0, the job's
   notes), ``rank-R.log`` (what its driver and tasks printed on worker rank R, if anything),
   ``result.npz`` (the reported datasets of a finished job).
@@ -143,6 +144,23 @@ class Spool:
         marker.touch()
         self.wake()
         return job
+
+    def mark_lost(self) -> list[int]:
+        """Mark ``lost``, for good, the jobs that a pool that died in this directory left
+        unfinished, queued ones included, and return their ids: a new pool here must neither
+        run them nor list them as running, and ``canary cancel`` and waiting submitters must
+        see that they ended. For a pool starting, before it says it is ready."""
+        queued = set(self.take("queue"))
+        lost = []
+        for job in self.job_ids():
+            st = read_json(self.status_file(job))
+            if st is not None and st.get("state") in (*FINAL_STATES, "lost"):
+                continue
+            lost.append(job)
+            write_json(self.status_file(job), dict(
+                st or {"job": job}, state="lost", error="the pool ended before the job"
+                + (" started" if job in queued else "") + f" (see {self.log_file})"))
+        return lost
 
     def take(self, folder: str) -> list[int]:
         """The job ids marked in ``folder`` (``queue``, ``cancel``), markers removed."""
