@@ -25,6 +25,7 @@ from canary.snapshot import (
     choose,
     committed,
     describe,
+    next_id,
     snapshot_folder,
 )
 
@@ -157,9 +158,14 @@ def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, 
                              snap: Manifest | None, checkpoint: str | None,
                              restarts: int) -> int:
     """Run the job (from ``snap`` if given); while it ends because a rank died, relaunch it
-    from the newest usable snapshot in ``checkpoint`` (from the start if there is none), at
-    most ``restarts`` times. Returns ``canary run``'s exit status."""
+    from the newest usable snapshot this run wrote in ``checkpoint``, else from ``snap``, else
+    from the start, at most ``restarts`` times. Returns ``canary run``'s exit status.
+
+    Snapshots an earlier run left in ``checkpoint`` are never taken: that run may have had
+    other arguments or input (a restart gave the earlier run's answer)."""
     done = 0
+    resumed = snap
+    first = next_id(checkpoint) if checkpoint is not None else 1  # this run's snapshots
     while True:
         if snap is not None:
             env[RESUME_ENV] = os.path.abspath(snap.path)
@@ -171,13 +177,17 @@ def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, 
             return status
         done += 1
         try:
-            snap, notes = choose(checkpoint)
+            snap, notes = choose(checkpoint, since=first)
         except SnapshotError:
-            snap, notes = None, []
+            snap, notes = resumed, []
         for note in notes:
             print(f"canary: {note}", file=sys.stderr)
-        where = (f"snapshot {snap.id}" if snap is not None
-                 else "the beginning (no snapshot was committed)")
+        if snap is None:
+            where = "the beginning (this run has committed no snapshot)"
+        elif snap is resumed:
+            where = f"snapshot {snap.id} of {os.path.dirname(snap.path)}, which it resumed from"
+        else:
+            where = f"snapshot {snap.id}"
         print(f"canary: restarting the job ({done} of {restarts}) from {where}", file=sys.stderr)
         if snap is None:
             env.pop(RESUME_ENV, None)

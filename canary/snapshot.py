@@ -337,14 +337,15 @@ def verify(snap: Manifest) -> list[str]:
     return problems
 
 
-def choose(root: str) -> tuple[Manifest, list[str]]:
+def choose(root: str, since: int = 1) -> tuple[Manifest, list[str]]:
     """The newest committed snapshot under ``root`` whose manifest and files all check out, and
-    one line per newer snapshot passed over (saying why). Raises SnapshotError naming what is
-    wrong with each if none is usable."""
+    one line per newer snapshot passed over (saying why). Only snapshots numbered ``since`` or
+    more count (a run restarting takes only its own: :func:`next_id` before it started).
+    Raises SnapshotError naming what is wrong with each if none is usable."""
     damaged: dict[int, str] = {}
     snaps = {s.id: s for s in committed(root, damaged)}
     passed: list[str] = []
-    for snap_id in sorted({*snaps, *damaged}, reverse=True):
+    for snap_id in sorted({k for k in (*snaps, *damaged) if k >= since}, reverse=True):
         problems = [damaged[snap_id]] if snap_id in damaged else verify(snaps[snap_id])
         if not problems:
             return snaps[snap_id], [f"{p}; falling back to the one before" for p in passed]

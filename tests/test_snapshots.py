@@ -373,3 +373,50 @@ def test_resuming_after_a_kernel_changed_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SnapshotMismatchError, match=r"was taken with other code: the function of "
                                                     r"stage 'step' \(id \d+\) has changed since"):
         canary.run_local(scale(halve), workers=2, resume=snap)
+
+
+def test_a_restart_takes_only_this_runs_snapshots_else_the_one_it_resumed_from(
+        three_snapshots: tuple[Path, dict[str, list[np.ndarray]]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # A run that lost a rank before its first snapshot restarted from an earlier run's, which
+    # may have had other arguments: that run's answer, exit 0
+    from canary import cli
+    from canary.driver import RESUME_ENV
+
+    ck, _ = three_snapshots
+    earlier = committed(str(ck))
+    other = tmp_path / "other"
+    canary.run_local(lr_program(), workers=2, checkpoint=SnapshotConfig(str(other), 6, 1))
+    resumed = committed(str(other))[-1]
+
+    def launches(writes: bool) -> list[str | None]:
+        """The snapshot each launch was told to resume from; the first loses a rank after
+        committing a snapshot into ck if ``writes``."""
+        told: list[str | None] = []
+
+        def supervise_job(cmd: list[str], env: dict[str, str], ranks: int,
+                          hydra: bool) -> tuple[int, bool]:
+            told.append(env.get(RESUME_ENV))
+            if len(told) > 1:
+                return 0, False
+            if writes:  # this run's snapshots follow the earlier run's
+                canary.run_local(lr_program(), workers=2,
+                                 checkpoint=SnapshotConfig(str(ck), 6, 100))
+            return 137, True
+        monkeypatch.setattr(cli.launch, "supervise_job", supervise_job)
+        return told
+
+    told = launches(writes=False)
+    assert cli._supervise_with_restarts(["x"], {}, 2, False, None, str(ck), 1) == 0
+    assert told == [None, None]
+    assert "restarting the job (1 of 1) from the beginning (this run has committed no " \
+           "snapshot)" in capsys.readouterr().err
+    told = launches(writes=False)
+    assert cli._supervise_with_restarts(["x"], {}, 2, False, resumed, str(ck), 1) == 0
+    assert told == [os.path.abspath(resumed.path)] * 2
+    assert f"from snapshot {resumed.id} of {other}, which it resumed from" in \
+        capsys.readouterr().err
+    told = launches(writes=True)
+    assert cli._supervise_with_restarts(["x"], {}, 2, False, None, str(ck), 1) == 0
+    own = committed(str(ck))[-1]
+    assert own.id > earlier[-1].id and told == [None, os.path.abspath(own.path)]
