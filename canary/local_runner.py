@@ -51,7 +51,7 @@ from canary.messages import (
     worker_rank,
 )
 from canary.numba_load import load_array_functions
-from canary.program import Program
+from canary.program import Program, check_program
 from canary.result import JobResult
 from canary.snapshot import (
     Manifest,
@@ -170,6 +170,7 @@ def run_local(
                              f"{' (a seed) or None' if name == 'chaos' else ''}, got {value!r}")
     # random.Random takes no numpy integer
     workers, seed, chaos = int(workers), int(seed), None if chaos is None else int(chaos)
+    check_program(program, "run_local")
     program.finalize()
     load_array_functions()
     rng = random.Random(seed)

@@ -24,7 +24,7 @@ from canary.env import (
 from canary.errors import JobAborted
 from canary.idle import Backoff
 from canary.local_runner import run_local
-from canary.program import Program
+from canary.program import Program, check_program
 from canary.ranks import RankRun, abort_job, rank_in_job
 from canary.result import JobResult
 from canary.snapshot import Manifest, SnapshotConfig, check_resumable, read_manifest
@@ -64,6 +64,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     raises :class:`canary.snapshot.SnapshotMismatchError` on every rank if it was taken of
     another program.
     """
+    check_program(program, "canary.run")
     if balance is not None and not isinstance(balance, bool):
         raise TypeError(f"canary.run: balance must be True, False or None, got {balance!r}")
     if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:

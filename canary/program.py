@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -238,10 +238,12 @@ class Program:
         ``loader`` returns one array per output (a tuple when there are several). It runs only on
         the worker that owns partition ``i``, so each worker reads only its own rows.
         """
-        outs = self._as_datasets(outputs, "load", "outputs")
+        label = name or _short(loader)
+        _check_callable(loader, f"load '{label}'", "loader")
+        outs = self._as_datasets(outputs, label, "outputs", distinct=True)
         if not outs:
             raise DeclarationError("load: give at least one output dataset")
-        self._check_same_partitions(outs, name or _short(loader), "load")
+        self._check_same_partitions(outs, label, "load")
         return self._add(Stage(0, LOAD, name or _short(loader), loader, (), outs))
 
     def compute(
@@ -259,8 +261,9 @@ class Program:
         All datasets of a compute stage must have the same partition count.
         """
         label = name or _short(kernel)
+        _check_callable(kernel, f"compute stage '{label}'", "kernel")
         ins = self._as_datasets(inputs, label, "inputs")
-        outs = self._as_datasets(outputs, label, "outputs")
+        outs = self._as_datasets(outputs, label, "outputs", distinct=True)
         if not outs:
             raise DeclarationError(f"compute stage '{label}' declares no outputs")
         self._check_same_partitions(ins + outs, label, "compute stage")
@@ -289,7 +292,12 @@ class Program:
         piece; copied) and ``"concat"`` (along axis 0). ``targets`` defaults to all-to-all and
         is evaluated once at declaration (a function of ``i`` or an explicit list per source).
         """
-        label = name or (_short(scatter) if scatter is not None else f"sg_{output.name}")
+        label = name or (_short(scatter) if scatter is not None
+                         else f"sg_{getattr(output, 'name', output)}")
+        if scatter is not None:
+            _check_callable(scatter, f"scatter-gather '{label}'", "scatter")
+        if not isinstance(gather, str):
+            _check_callable(gather, f"scatter-gather '{label}'", "gather")
         ins = self._as_datasets(inputs, label, "inputs")
         if not ins:
             raise DeclarationError(f"scatter-gather '{label}' needs at least one input dataset")
@@ -337,7 +345,9 @@ class Program:
 
     def broadcast(self, source: Dataset, output: Dataset, name: str | None = None) -> Stage:
         """Copy the single partition of ``source`` into every partition of ``output`` (1 -> P)."""
-        label = name or f"broadcast_{source.name}"
+        label = name or f"broadcast_{getattr(source, 'name', source)}"
+        (source,) = self._as_datasets([source], label, "source")
+        (output,) = self._as_datasets([output], label, "output")
         if source.partitions != 1:
             raise DeclarationError(
                 f"broadcast '{label}': source '{source.name}' must have 1 partition, "
@@ -357,7 +367,9 @@ class Program:
         ``op="sum"`` adds the partitions in partition order, so the result is the same whatever
         the number of workers or the order in which pieces arrive.
         """
-        label = name or f"reduce_{source.name}"
+        label = name or f"reduce_{getattr(source, 'name', source)}"
+        (source,) = self._as_datasets([source], label, "source")
+        (output,) = self._as_datasets([output], label, "output")
         if output.partitions != 1:
             raise DeclarationError(
                 f"reduce '{label}': output '{output.name}' must have 1 partition, "
@@ -377,7 +389,9 @@ class Program:
         metrics). The latest reported value of each dataset is returned by ``run`` on rank 0,
         so a final ``report`` is how a driver fetches its result.
         """
-        label = name or f"report_{dataset.name}"
+        label = name or f"report_{getattr(dataset, 'name', dataset)}"
+        if callback is not None:
+            _check_callable(callback, f"report '{label}'", "callback")
         (ds,) = self._as_datasets([dataset], label, "dataset")
         self._check_written([ds], label)
         return self._add(Stage(0, REPORT, label, None, (ds,), (), callback=callback))
@@ -587,6 +601,7 @@ class Program:
         return stage
 
     def _signal_stage(self, condition: Callable[..., Any], on: Dataset, label: str) -> Stage:
+        _check_callable(condition, f"signal '{label}'", "condition")
         (ds,) = self._as_datasets([on], label, "on")
         if ds.partitions != 1:
             raise DeclarationError(
@@ -600,13 +615,26 @@ class Program:
         if self._finalized:
             raise DeclarationError(f"program '{self.name}' is already finalized (it has run)")
 
-    def _as_datasets(self, value: Any, label: str, what: str) -> tuple[Dataset, ...]:
+    def _as_datasets(self, value: Any, label: str, what: str,
+                     distinct: bool = False) -> tuple[Dataset, ...]:
+        """``value`` (a dataset or a sequence of them) as a tuple. Raises DeclarationError for
+        anything but datasets of this program, and, with ``distinct``, for one named twice
+        (two outputs of one stage would race for one partition: the job hung)."""
+        if isinstance(value, (str, bytes)) or not isinstance(value, (Dataset, Iterable)):
+            value = [value]  # a name or a number: said below, not as "not iterable"
         items = (value,) if isinstance(value, Dataset) else tuple(value)
         for d in items:
             if not isinstance(d, Dataset) or d.id >= len(self.datasets) or self.datasets[d.id] is not d:
                 raise DeclarationError(
-                    f"stage '{label}': {what} must be datasets declared on this program, got {d!r}"
+                    f"stage '{label}': {what}: expected a dataset declared on this program "
+                    f"(p.dataset(...)), got {d!r}"
                 )
+        if distinct:
+            twice = next((d for k, d in enumerate(items) if any(d is e for e in items[:k])), None)
+            if twice is not None:
+                raise DeclarationError(
+                    f"stage '{label}': dataset '{twice.name}' is named twice among its {what}; "
+                    "each output takes one of the results, so name each dataset once")
         return items
 
     def _check_same_partitions(self, ds: Sequence[Dataset], label: str, kind: str) -> None:
@@ -625,6 +653,21 @@ class Program:
                     f"stage '{label}' reads dataset '{d.name}' before any statement writes it "
                     "(load or compute it first)"
                 )
+
+
+def check_program(program: Any, caller: str) -> None:
+    """Raises TypeError unless ``program`` is a :class:`Program` (it was an AttributeError out
+    of the runner)."""
+    if not isinstance(program, Program):
+        raise TypeError(f"{caller}: expected a canary.Program (declare one with "
+                        f"canary.Program(name)), got {program!r}")
+
+
+def _check_callable(fn: Any, where: str, what: str) -> None:
+    """Raises DeclarationError if ``fn`` cannot be called: at declaration, not as a TypeError
+    out of a worker's task."""
+    if not callable(fn):
+        raise DeclarationError(f"{where}: the {what} must be a function, got {fn!r}")
 
 
 @dataclass

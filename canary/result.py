@@ -66,6 +66,9 @@ class JobResult:
                              "them") from None
 
     def _reported(self, name: str) -> list[np.ndarray]:
+        if not isinstance(name, str):  # a Dataset was said to be "not reported"
+            raise TypeError(f"give the dataset's name, e.g. {getattr(name, 'name', 'x')!r}, not "
+                            f"{name!r}")
         if name not in self.results:
             raise KeyError(f"dataset '{name}' was not reported: declare p.report(dataset) in the "
                            f"program (reported: {', '.join(sorted(self.results)) or 'none'})")

@@ -439,3 +439,17 @@ def test_a_fresh_loaded_array_or_one_no_kernel_updates_is_not_copied() -> None:
     loads = [t for t in st.tasks.values() if t.stage.writes[:1] == (y,)]
     ev = run_task(st, loads[0], 2)
     assert ev.outputs[0] is kept
+
+
+def test_a_runner_given_no_program_or_a_result_given_a_dataset_says_what_it_wants() -> None:
+    # AttributeErrors out of the runner, and "dataset 'Dataset('x', ...)' was not reported"
+    for run in (canary.run_local, canary.run):
+        with pytest.raises(TypeError, match=r"expected a canary.Program .*got 'prog'"):
+            run("prog")  # type: ignore[arg-type]
+    p = Program("one")
+    x = p.dataset("x", 1)
+    p.load([x], lambda i, n: np.ones(2))
+    p.report(x)
+    r = canary.run_local(p)
+    with pytest.raises(TypeError, match=r"give the dataset's name, e.g. 'x', not Dataset"):
+        r.value(x)  # type: ignore[arg-type]

@@ -77,6 +77,49 @@ def test_misc_declaration_errors() -> None:
         p.load([other], _ones)
 
 
+def test_a_dataset_named_twice_among_a_stages_outputs_is_refused() -> None:
+    # two outputs of one stage raced for one partition: the job hung on 2 workers
+    p = Program()
+    x, y = p.dataset("x", 2), p.dataset("y", 2)
+    with pytest.raises(DeclarationError, match="dataset 'x' is named twice among its outputs"):
+        p.load([x, x], lambda i, n: (np.ones(2), np.ones(2)))
+    p.load([x], _ones)
+    with pytest.raises(DeclarationError, match="dataset 'y' is named twice among its outputs"):
+        p.compute(lambda v: (v + 1, v + 2), [x], [y, y], name="pair")
+    with pytest.raises(DeclarationError, match="dataset 'x' is named twice among its outputs"):
+        p.compute(lambda a, b: (a, b), [x, x], [x, x])
+    p.compute(lambda a, b: a + b, [x, x], [y])  # an input twice is two reads: fine
+
+
+@pytest.mark.parametrize("declare, says", [
+    (lambda p, x, s: p.load([x], 5), r"load 'stage': the loader must be a function, got 5"),
+    (lambda p, x, s: p.compute(None, [x], [x]), r"the kernel must be a function, got None"),
+    (lambda p, x, s: p.scatter_gather(x, x, lambda v: [v, v], gather=7),
+     r"the gather must be a function, got 7"),
+    (lambda p, x, s: p.scatter_gather(x, x, "f", one_piece=True),
+     r"the scatter must be a function, got 'f'"),
+    (lambda p, x, s: p.report(x, callback=3), r"the callback must be a function, got 3"),
+    (lambda p, x, s: p.while_(True, on=s).__enter__(),
+     r"signal 'while_stage': the condition must be a function, got True"),
+    (lambda p, x, s: p.if_(None, on=s).__enter__(), r"the condition must be a function"),
+    # these were AttributeErrors out of program.py
+    (lambda p, x, s: p.broadcast("s", x), r"stage 'broadcast_s': source: expected a dataset "
+                                          r"declared on this program \(p.dataset"),
+    (lambda p, x, s: p.reduce(x, "s"), r"stage 'reduce_x': output: expected a dataset"),
+    (lambda p, x, s: p.report("x"), r"stage 'report_x': dataset: expected a dataset"),
+    (lambda p, x, s: p.compute(lambda v: v, x, 3), r"outputs: expected a dataset.*got 3"),
+])
+def test_what_cannot_be_called_or_is_no_dataset_is_refused_at_declaration(
+        declare: object, says: str) -> None:
+    # it failed on a worker at run time: "TypeError: 'NoneType' object is not callable"
+    p = Program()
+    x, s = p.dataset("x", 2), p.dataset("s", 1)
+    p.load([x], _ones)
+    p.load([s], _ones)
+    with pytest.raises(DeclarationError, match=says):
+        declare(p, x, s)  # type: ignore[operator]
+
+
 def test_ops_for_loops_and_branches() -> None:
     p = Program()
     c = p.dataset("c", 1)
