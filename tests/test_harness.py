@@ -453,3 +453,24 @@ def test_a_runner_given_no_program_or_a_result_given_a_dataset_says_what_it_want
     r = canary.run_local(p)
     with pytest.raises(TypeError, match=r"give the dataset's name, e.g. 'x', not Dataset"):
         r.value(x)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("stages", [1, 3])  # a lone task, and a fused stretch of three
+def test_a_kernel_that_calls_sys_exit_fails_its_task_by_name(stages: int) -> None:
+    # SystemExit passed through the task: "rank 1 failed: SystemExit(0)", no stage named
+    import sys
+
+    def quits(v: np.ndarray) -> np.ndarray:
+        sys.exit(0)
+
+    p = Program("quits")
+    x = p.dataset("x", 2)
+    p.load([x], lambda i, n: np.ones(2))
+    with p.loop(2):
+        for k in range(stages - 1):
+            p.compute(lambda v: v + 1, [x], [x], name=f"step{k}")
+        p.compute(quits, [x], [x], name="quits")
+    p.report(x)
+    with pytest.raises(TaskError, match=r"stage 'quits' \(id \d+, iteration \(0,\)\), compute "
+                                        r"task on partition \d.* failed:(.|\n)*SystemExit: 0"):
+        canary.run_local(p, workers=2)

@@ -62,7 +62,7 @@ def run_task(state: WorkerState, task: Task, eid: int = 0,
             return TaskDone(eid, task, tuple(_unaliased(v, w, task.reads)
                                              for v, w in zip(outs, task.writes)),
                             perf_counter() - t0)
-        except Exception:
+        except (Exception, SystemExit):  # sys.exit in a kernel: its task fails, named
             return _failed(state, task, eid)
     if kind == K_FUSED:
         assert task.stretch is not None
@@ -83,7 +83,7 @@ def run_task(state: WorkerState, task: Task, eid: int = 0,
                     break
         elif kind == K_SIGNAL:
             res = _signal(res)
-    except Exception:
+    except (Exception, SystemExit):
         return _failed(state, task, eid)
     return TaskDone(eid, task, res, perf_counter() - t0)
 
@@ -159,7 +159,7 @@ def _run_stretch(state: WorkerState, task: Task, stretch: Stretch, eid: int, t0:
                     on_task(*instances[n], i, began, time.time())
                 n += 1
             out.extend((row[d], vals[d]) for d in stretch.written)
-        except Exception:
+        except (Exception, SystemExit):
             st, _seq, it = instances[n]
             # the failed instance's inputs: its datasets' values so far in this stretch
             inputs = ([(d, i, vals[d]) for d in steps[n][2]] if vals is not None else
