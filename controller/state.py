@@ -209,17 +209,28 @@ class ControllerState(ControllerSnapshots):
         out: list[Any] = []
         if self.map is None:
             return out
-        if self.snapshot is not None:  # workers writing a large snapshot finish no task meanwhile
-            self._progress_at = [self._now] * self.n_workers
-            return out
+        pending = self.snapshot
+        if pending is not None:
+            # a worker that has answered the snapshot waits for the others: no task is due from
+            # it; one that has not is named, as any other (it was not: a stopped worker went
+            # unnamed for as long as the snapshot waited for it)
+            step = "written its part of" if pending.seq is not None else "answered"
+            answered = pending.written if pending.seq is not None else pending.positions
+            for w in answered:
+                self._progress_at[w] = self._now
         for w in range(self.n_workers):
-            quiet = self._now - self._progress_at[w]
+            since = self._progress_at[w] if pending is None else \
+                max(self._progress_at[w], pending.started)
+            quiet = self._now - since
             if (w not in self.done and quiet >= self.stall_s
                     and self._now - self._warned_at[w] >= self.stall_s):
                 self._warned_at[w] = self._now
-                out.append(Progress(f"canary: waiting for worker {w} (rank {worker_rank(w)}): no "
-                                    f"task finished for {quiet:.0f} s (stopped, swapping, or "
-                                    "stuck in a kernel?)", self._cause))
+                what = (f"no task finished for {quiet:.0f} s (stopped, swapping, or stuck in a "
+                        "kernel?)" if pending is None else
+                        f"it has not {step} snapshot {pending.snap} for {quiet:.0f} s (stopped, "
+                        "swapping, stuck in a kernel, or writing to a slow disk?)")
+                out.append(Progress(f"canary: waiting for worker {w} (rank {worker_rank(w)}): "
+                                    f"{what}", self._cause))
         return out
 
     def _on_migrate_done(self, ev: MigrateDone) -> list[Any]:

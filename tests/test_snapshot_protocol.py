@@ -220,18 +220,32 @@ def test_bad_settings_are_clear() -> None:
         SnapshotConfig("d", every_s=-1)
 
 
-def test_no_worker_is_called_stuck_while_a_snapshot_is_written(tmp_path: Any) -> None:
+def test_a_snapshot_names_the_worker_it_waits_for_and_not_those_that_answered(
+        tmp_path: Any) -> None:
+    # every worker's clock was reset while a snapshot was under way: a stopped worker, which
+    # never answers, went unnamed for as long as the job waited for it
     p = counting_program()
     c = ControllerState(p, 2, stall_s=5.0, checkpoint=SnapshotConfig(str(tmp_path), every_s=10))
     for w in range(2):
         c.handle(Hello(next(EIDS), w, p.digest, p.statements()))
-    c.handle(Tick(next(EIDS), 10.0))  # the snapshot starts; no load report comes meanwhile
-    assert [i for i in c.handle(Tick(next(EIDS), 14.9)) if isinstance(i, Progress)] == []
+
+    def said(at: float) -> list[str]:
+        return [i.line for i in c.handle(Tick(next(EIDS), at)) if isinstance(i, Progress)]
+
+    said(10.0)  # the snapshot starts; no load report comes meanwhile
+    assert said(14.9) == []  # counted from its start, not from the job's
     c.handle(SnapshotPosition(next(EIDS), 1, 0, 5, False))
+    assert said(15.5) == ["canary: waiting for worker 1 (rank 2): it has not answered snapshot "
+                          "1 for 6 s (stopped, swapping, stuck in a kernel, or writing to a "
+                          "slow disk?)"]
     c.handle(SnapshotPosition(next(EIDS), 1, 1, 5, False))
     c.handle(written(1, 0, 5))
+    late = said(21.0)
+    assert len(late) == 1 and late[0].startswith(
+        "canary: waiting for worker 1 (rank 2): it has not written its part of snapshot 1 for ")
     c.handle(written(1, 1, 5))
     c.handle(SnapshotCommitted(next(EIDS), 1))
-    assert [i for i in c.handle(Tick(next(EIDS), 19.0)) if isinstance(i, Progress)] == []
-    late = [i for i in c.handle(Tick(next(EIDS), 19.95)) if isinstance(i, Progress)]
-    assert len(late) == 2 and "no task finished for 5 s" in late[0].line  # counted from then
+    assert said(25.9) == []  # worker 0 waited for the others until the last tick
+    # the next snapshot started at that tick: neither answers it
+    late = said(31.5)
+    assert len(late) == 2 and all("it has not answered snapshot 2 for 6 s" in x for x in late)
