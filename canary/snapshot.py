@@ -289,7 +289,38 @@ def read_manifest(folder: str) -> Manifest:
         raise SnapshotError(f"{path}: unreadable manifest: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise SnapshotError(f"{path}: not a canary snapshot manifest of format {FORMAT}")
+    problem = _manifest_problem(data, os.path.basename(os.path.normpath(folder)))
+    if problem is not None:  # was a KeyError out of a resume
+        raise SnapshotError(f"{path}: damaged manifest: {problem}")
     return Manifest(folder, data)
+
+
+# what a resume reads from a manifest, and its type
+_MANIFEST_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "id": int, "program": str, "digest": str, "script": str, "args": list, "workers": int,
+    "position": dict, "run_seconds": (int, float), "tasks_run": int, "bytes": int,
+    "arrays": list}
+_ENTRY_FIELDS = ("dataset", "index", "file", "checksum", "nbytes")
+
+
+def _manifest_problem(data: dict[str, Any], folder_name: str) -> str | None:
+    """What is missing or wrong in a manifest's fields (None if nothing): every field a
+    resume reads, each array entry's, and the id its folder's name says."""
+    for key, kind in _MANIFEST_FIELDS.items():
+        value = data.get(key)
+        if value is None or isinstance(value, bool) or not isinstance(value, kind):
+            return f"field '{key}' is missing or of the wrong type"
+    if data["workers"] < 1:
+        return f"'workers' is {data['workers']}"
+    if not {"where", "seq"} <= set(data["position"]):
+        return "'position' lacks 'where' or 'seq'"
+    for k, e in enumerate(data["arrays"]):
+        if not isinstance(e, dict) or not all(f in e for f in _ENTRY_FIELDS):
+            return f"array entry {k} lacks one of {', '.join(_ENTRY_FIELDS)}"
+    m = _SNAPSHOT_DIR.match(folder_name)
+    if m is not None and int(m.group(1)) != data["id"]:
+        return f"its id {data['id']} is not its folder's ({folder_name})"
+    return None
 
 
 def committed(root: str, damaged: dict[int, str] | None = None) -> list[Manifest]:

@@ -236,6 +236,27 @@ def test_a_damaged_manifest_is_named_and_passed_over(
         choose(str(folder))
 
 
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: {"format": d["format"]}, "field 'id' is missing or of the wrong type"),
+    (lambda d: {**d, "workers": "2"}, "field 'workers' is missing or of the wrong type"),
+    (lambda d: {**d, "arrays": [{"dataset": "x"}]}, "array entry 0 lacks one of dataset"),
+    (lambda d: {**d, "id": 99}, "its id 99 is not its folder's"),
+])
+def test_a_manifest_with_fields_missing_or_wrong_is_damaged_not_a_traceback(
+        three_snapshots: tuple[Path, dict[str, list[np.ndarray]]], edit: Callable[..., Any],
+        says: str) -> None:
+    # {"format": 1} was a KeyError: 'id' out of `canary run --resume` and `canary snapshots`;
+    # an id edited to 99 was resumed from as snapshot 99
+    folder, _ = three_snapshots
+    older, newest = committed(str(folder))[-2:]
+    manifest = Path(newest.path) / "manifest.json"
+    manifest.write_text(json.dumps(edit(json.loads(manifest.read_text()))))
+    snap, (note,) = choose(str(folder))
+    assert snap.id == older.id
+    assert note.startswith(f"snapshot {newest.id} is damaged ({manifest}: damaged manifest: "
+                           f"{says}")
+
+
 def test_a_folder_without_its_manifest_is_not_a_snapshot(
         three_snapshots: tuple[Path, dict[str, list[np.ndarray]]]) -> None:
     folder, _ = three_snapshots
