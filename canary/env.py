@@ -11,6 +11,7 @@ BALANCE_ENV = "CANARY_BALANCE"  # on | off (--balance)
 CHECKPOINT_ENV = "CANARY_CHECKPOINT"  # the snapshot folder (--checkpoint)
 CHECKPOINT_EVERY_ENV = "CANARY_CHECKPOINT_EVERY"  # seconds between snapshots
 KEEP_ENV = "CANARY_KEEP"  # snapshots kept
+SLOWDOWN_ENV = "CANARY_SLOWDOWN"  # WORKER:FACTOR: a slower machine (experiments)
 
 
 def env_number(name: str, default: float, minimum: float = 0.0, integer: bool = False,

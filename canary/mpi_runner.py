@@ -18,6 +18,7 @@ from canary.env import (
     CHECKPOINT_ENV,
     CHECKPOINT_EVERY_ENV,
     KEEP_ENV,
+    SLOWDOWN_ENV,
     env_choice,
     env_number,
 )
@@ -29,7 +30,7 @@ from canary.ranks import RankRun, abort_job, rank_in_job
 from canary.result import JobResult
 from canary.snapshot import Manifest, SnapshotConfig, check_resumable, read_manifest
 from canary.trace import Tracer, gather_and_write, trace_level, trace_path
-from canary.worker.config import SLOWDOWN_ENV, WorkerConfig
+from canary.worker.config import WorkerConfig
 
 
 def run(program: Program, comm: object | None = None, window: int = 64,

@@ -291,6 +291,22 @@ def test_bad_requests_get_clear_errors(driver: str, tmp_path: Path) -> None:
     assert main(["submit", "--cluster", str(root), "--weight", "-1", driver]) == 2
     with pytest.raises(PoolError, match="CANARY_CHECKPOINT is set, but a pool takes no snapsh"):
         client.start(2, "mpiexec", {"CANARY_CHECKPOINT": "/tmp/snaps"}, root)
+    # these were ignored by a pool, or ended its workers while it said it was ready
+    for env, says in (({"CANARY_CHAOS_MIGRATE": "3"}, "CANARY_CHAOS_MIGRATE is set, but a pool "
+                                                      "moves no partition"),
+                      ({"CANARY_BALANCE": "off"}, "a pool does not balance its jobs"),
+                      ({"CANARY_SLOWDOWN": "zz"}, "CANARY_SLOWDOWN is set, but a pool slows"),
+                      ({"CANARY_CHECKPOINT_EVERY": "-5"}, "a pool takes no snapshots")):
+        with pytest.raises(PoolError, match=says):
+            client.start(2, "mpiexec", env, root)
+    # a worker's setting it cannot use: said by the ranks before the pool says it is ready
+    with pytest.raises(PoolError, match=r"the pool did not start: rank 0: environment variable "
+                                        r"CANARY_SPIN_US='zz' is not a number"):
+        client.start(1, find_mpiexec(), dict(mpiexec_env(60, str(ROOT)), CANARY_SPIN_US="zz"),
+                     tmp_path / "spin", timeout=60)
+    for ratio in (math.inf, 1e9, math.nan):  # inf crashed rank 0; 1e9 grew it to 3.6 GB
+        with pytest.raises(PoolError, match="the probe ratio must be between 1 and 64"):
+            client.start(2, "mpiexec", {}, root, probe_ratio=ratio)
 
 
 def test_snapshot_options_of_a_pool_job_are_refused_saying_what_to_do(

@@ -1,5 +1,7 @@
 """Placement policies on hand-computed cases (modelled on Sparrow's TaskPlacer tests)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,11 @@ def test_bad_inputs_raise() -> None:
         BatchSampling(0.5)
     with pytest.raises(ValueError, match="probe ratio"):
         make_placement("per-task", d=0)
+    # an infinite one crashed a pool's rank 0, and 1e9 made it grow to 3.6 GB
+    for d in (math.inf, 1e9, 64.5):
+        with pytest.raises(ValueError, match=r"probe ratio d must be between 1 and 64"):
+            make_placement("batch-late", d=d)
+    make_placement("batch-late", d=64)
     with pytest.raises(ValueError, match="unknown placement policy"):
         make_placement("round-robin")
     with pytest.raises(ValueError, match="at least one task"):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from canary.env import env_number
+from canary.env import SLOWDOWN_ENV, env_number
 
 # Environment variable -> (field, multiplier from the variable's unit to the field's, integer?)
 ENVIRONMENT: dict[str, tuple[str, float, bool]] = {
@@ -131,7 +131,6 @@ class WorkerConfig:
         return replace(defaults, **values, **overrides)
 
 
-SLOWDOWN_ENV = "CANARY_SLOWDOWN"
 
 
 def slowdown_from_env(environ: Mapping[str, str], n_workers: int | None) -> tuple[int, float] | None:

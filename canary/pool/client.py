@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from canary.env import BALANCE_ENV, CHAOS_ENV, CHECKPOINT_EVERY_ENV, KEEP_ENV, SLOWDOWN_ENV
 from canary.errors import CanaryError
 from canary.mpich_shm import remove_stale
 from canary.pool.spool import FINAL_STATES, Spool, default_dir, read_json, write_json
 from canary.result import JobResult
-from canary.sched.placement import PLACEMENT_POLICIES
+from canary.sched.placement import MAX_PROBE_RATIO, PLACEMENT_POLICIES
 from canary.sched.queues import QUEUE_POLICIES
 from canary.sentinel import is_running
 
@@ -34,7 +35,10 @@ __all__ = ["PoolError", "cancel", "jobs", "logs", "pool_info", "result", "start"
 
 
 # what `canary run --checkpoint/--resume` set for a job's ranks: a pool's jobs never read them
-SNAPSHOT_ENV = ("CANARY_CHECKPOINT", "CANARY_RESUME")
+SNAPSHOT_ENV = ("CANARY_CHECKPOINT", "CANARY_RESUME", CHECKPOINT_EVERY_ENV, KEEP_ENV)
+# what only `canary run` does: a pool would run its jobs without it, saying nothing
+RUN_ONLY_ENV = {CHAOS_ENV: "moves no partition", BALANCE_ENV: "does not balance its jobs",
+                SLOWDOWN_ENV: "slows no worker"}
 
 
 class PoolError(CanaryError):
@@ -81,8 +85,9 @@ def start(workers: int, mpiexec: str, env: Mapping[str, str],
     if placement not in PLACEMENT_POLICIES:
         raise PoolError(f"unknown placement policy {placement!r}; choose from "
                         f"{', '.join(PLACEMENT_POLICIES)}")
-    if not probe_ratio >= 1:
-        raise PoolError(f"the probe ratio must be >= 1, got {probe_ratio}")
+    if not 1 <= probe_ratio <= MAX_PROBE_RATIO:  # also NaN
+        raise PoolError(f"the probe ratio must be between 1 and {MAX_PROBE_RATIO:g}, got "
+                        f"{probe_ratio}")
     if hostfile and not os.path.exists(hostfile):
         raise PoolError(f"hostfile not found: {hostfile}")
     for name in SNAPSHOT_ENV:
@@ -90,6 +95,10 @@ def start(workers: int, mpiexec: str, env: Mapping[str, str],
             raise PoolError(f"{name} is set, but a pool takes no snapshots (its jobs would run "
                             f"without them): unset {name} to start a pool, and run a job that "
                             "needs snapshots with `canary run --checkpoint DIR`")
+    for name, why in RUN_ONLY_ENV.items():
+        if env.get(name, "").strip():
+            raise PoolError(f"{name} is set, but a pool {why} (that is `canary run`'s): unset "
+                            f"{name} to start a pool")
     sp = _spool(root)
     try:
         info = pool_info(sp.root)
@@ -103,9 +112,8 @@ def start(workers: int, mpiexec: str, env: Mapping[str, str],
     remove_stale()
     for stale in (sp.pool_file, sp.stop_file, sp.launcher_file):
         stale.unlink(missing_ok=True)
-    for folder in ("queue", "cancel"):
-        for marker in sp.folder(folder).iterdir():
-            marker.unlink(missing_ok=True)
+    for marker in sp.folder("cancel").iterdir():  # queued ones: the pool marks them lost
+        marker.unlink(missing_ok=True)
     cmd = [mpiexec, *(["-f", hostfile] if hostfile else []), "-n", str(workers + 1),
            sys.executable, "-u", "-m", "mpi4py", "-m", "canary.pool.host", "--dir",
            str(sp.root), "--policy", policy, "--placement", placement, "--seed", str(seed),
@@ -119,6 +127,8 @@ def start(workers: int, mpiexec: str, env: Mapping[str, str],
         info = read_json(sp.pool_file)
         if info is not None and info.get("state") == "ready":
             return dict(info)
+        if info is not None and info.get("state") == "failed":  # a rank refused its settings
+            raise PoolError(f"the pool did not start: {info.get('error')}")
         if proc.poll() is not None:
             raise PoolError(f"the pool did not start (mpiexec exited with status "
                             f"{proc.returncode}):\n{_tail(sp.log_file)}")

@@ -793,7 +793,21 @@ def main(argv: list[str] | None = None) -> int:
     # each rank's process id, for `canary cluster status` and the benchmarks' memory readings
     write_json(spool.root / f"rank-{comm.Get_rank()}.json", {"pid": os.getpid(),
                                                             "host": os.uname().nodename})
-    comm.Barrier()  # every rank is up before rank 0 says the pool is ready
+    # every rank is up, and its settings read, before rank 0 says the pool is ready (a bad one
+    # ended the workers after it had)
+    try:
+        WorkerConfig.from_env()
+        problem = None
+    except ValueError as exc:
+        problem = str(exc)
+    problems = comm.gather(problem, root=CONTROLLER)
+    bad = None
+    if comm.Get_rank() == CONTROLLER:
+        bad = next((f"rank {k}: {p}" for k, p in enumerate(problems or []) if p), None)
+        if bad is not None:
+            write_json(spool.pool_file, {"state": "failed", "error": bad})
+    if comm.bcast(bad, root=CONTROLLER) is not None:
+        return 2
     if comm.Get_rank() == CONTROLLER:
         ControllerHost(comm, spool, args.policy, args.placement, args.seed,
                        args.probe_ratio).loop()

@@ -49,9 +49,14 @@ def _check_counts(num_tasks: int, num_workers: int) -> None:
         raise ValueError(f"placement needs at least one worker, got num_workers={num_workers}")
 
 
+#: the largest probe ratio: ceil(d m) probes a job, and far beyond Sparrow's 2 they only cost
+#: (an infinite one crashed a pool's rank 0; 1e9 grew it to 3.6 GB before a job was placed)
+MAX_PROBE_RATIO = 64.0
+
+
 def _check_probe_ratio(d: float) -> float:
-    if not d >= 1:  # also rejects NaN
-        raise ValueError(f"probe ratio d must be >= 1, got d={d}")
+    if not 1 <= d <= MAX_PROBE_RATIO:  # also rejects NaN
+        raise ValueError(f"probe ratio d must be between 1 and {MAX_PROBE_RATIO:g}, got d={d}")
     return float(d)
 
 
