@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from canary.errors import user_error_line
+from canary.errors import JobAborted, TaskError, user_error_line
 from canary.mpich_shm import release_own_segments
 from canary.sentinel import (
     RUN_DIR,
@@ -247,6 +247,10 @@ def main(argv: list[str] | None = None) -> None:
         line = user_error_line(Path(args[0]).stem, exc)
         if line is not None:
             print(line, file=sys.stderr, flush=True)
+        elif run is not None and not isinstance(exc, (TaskError, JobAborted)):
+            # the driver's own exception: the traceback below does not say on which rank
+            print(f"canary: {role(run.rank)[:-1]}, pid {os.getpid()}): the driver raised "
+                  f"{type(exc).__name__}:", file=sys.stderr, flush=True)
         status = 1 if line is None else 2
         if not (run is not None and run.end(status)):
             _abort_at_exit(status)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -681,6 +682,15 @@ def test_an_error_on_one_rank_only_is_shown_once_and_ends_the_job() -> None:
     r = canary_run(str(DRIVERS / "one_rank_fails.py"))
     assert r.returncode == 2
     assert r.stderr == "one_rank_fails: error: rank 2 cannot read its input\n"
+
+
+def test_a_driver_that_raises_on_one_rank_is_named_with_its_rank() -> None:
+    # the traceback came alone: nothing said it was rank 2's
+    r = canary_run(str(DRIVERS / "rank_raises.py"))
+    assert r.returncode == 1
+    assert re.search(r"canary: rank 2 \(worker 1, pid \d+\): the driver raised "
+                     r"FileNotFoundError:\nTraceback", r.stderr), r.stderr
+    assert r.stderr.count("FileNotFoundError") == 2, r.stderr  # the header and the traceback
 
 
 def test_the_time_limit_stops_the_job_with_one_line() -> None:
