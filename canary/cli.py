@@ -50,8 +50,11 @@ def mpiexec_env(timeout: int | None, path: str | None = None) -> dict[str, str]:
     """The environment for an mpiexec run: this process's, with unbuffered Python output (each
     rank's lines arrive as printed), ``MPIEXEC_TIMEOUT`` set to ``timeout`` seconds if given
     (MPICH then kills the whole job, so a hung rank cannot hang the caller), and ``path`` put
-    first on ``PYTHONPATH`` if given (a checkout's packages for scripts run from elsewhere)."""
+    first on ``PYTHONPATH`` if given (a checkout's packages for scripts run from elsewhere).
+    numba's errors come without terminal colour codes, unless the caller chose otherwise: the
+    ranks write to pipes, and the codes were printed as ``[1m`` in a kernel's compile error."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
     if timeout:
         env["MPIEXEC_TIMEOUT"] = str(timeout)
     if path is not None:  # no empty entry: it would put the ranks' working folder on sys.path

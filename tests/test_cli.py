@@ -42,6 +42,11 @@ def test_mpiexec_env_sets_timeout_unbuffered_output_and_path(
     assert "MPIEXEC_TIMEOUT" not in plain and plain["PYTHONPATH"] == "/elsewhere"
     monkeypatch.delenv("PYTHONPATH")
     assert mpiexec_env(None, "/repo")["PYTHONPATH"] == "/repo"  # no empty entry (the cwd)
+    # numba's colour codes reached the ranks' pipes as "[1m"; a user's own choice stays
+    monkeypatch.delenv("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", raising=False)
+    assert mpiexec_env(None)["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] == "1"
+    monkeypatch.setenv("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "0")
+    assert mpiexec_env(None)["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] == "0"
 
 
 def test_hostfile_is_passed_through() -> None:
