@@ -94,6 +94,10 @@ def _shown(cmd: list[str]) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     script, script_args = args.script, list(args.args)
+    for flag, value in (("--checkpoint", args.checkpoint), ("--resume", args.resume)):
+        if value is not None and not value.strip():  # an unset shell variable: it was ignored
+            print(f"canary run: {flag} got an empty path: give the folder", file=sys.stderr)
+            return 2
     checkpoint = args.checkpoint or args.resume  # a resumed job goes on taking snapshots there
     if args.restarts and not checkpoint:
         print("canary run: --restarts needs --checkpoint DIR (a relaunch resumes from the last "
@@ -114,6 +118,10 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if not os.path.exists(script):
         print(f"canary run: script not found: {script}", file=sys.stderr)
+        return 2
+    if os.path.isdir(script):  # runpy's ImportError, once per rank
+        print(f"canary run: {script} is a folder: give the driver script's file",
+              file=sys.stderr)
         return 2
     mpiexec = find_mpiexec()
     hydra = launch.is_hydra(mpiexec)
@@ -176,6 +184,8 @@ def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, 
                   f"{snap.data['run_seconds']:.0f} s into the run) on {workers} worker(s)",
                   file=sys.stderr)
         status, lost = launch.supervise_job(cmd, env, workers + 1, hydra)
+        if lost and restarts and done >= restarts:
+            print(f"canary: no restart left (--restarts {restarts} used up)", file=sys.stderr)
         if status == 0 or not lost or done >= restarts or checkpoint is None:
             return status
         done += 1

@@ -307,6 +307,8 @@ def _lost(end: JobEnd) -> str:
         if kept:
             return (f"its snapshots are in {end.checkpoint}: `canary run --resume "
                     f"{end.checkpoint}` continues from the last one")
+        return (f"the job's results are lost: it had committed no snapshot to {end.checkpoint} "
+                "yet (the first comes --checkpoint-every seconds into the run)")
     return LOST
 
 

@@ -329,7 +329,8 @@ def committed(root: str, damaged: dict[int, str] | None = None) -> list[Manifest
     in ``damaged`` (snapshot id -> why) when given. Raises SnapshotError if ``root`` is not a
     folder."""
     if not os.path.isdir(root):
-        raise SnapshotError(f"{root}: no such checkpoint directory")
+        what = "is a file, not" if os.path.exists(root) else "no such"
+        raise SnapshotError(f"{root}: {what} checkpoint directory")
     found = []
     for name in os.listdir(root):
         m = _SNAPSHOT_DIR.match(name)
@@ -381,7 +382,8 @@ def choose(root: str, since: int = 1) -> tuple[Manifest, list[str]]:
         if not problems:
             return snaps[snap_id], [f"{p}; falling back to the one before" for p in passed]
         passed.append(f"snapshot {snap_id} is damaged ({'; '.join(problems)})")
-    detail = f" ({'; '.join(passed)})" if passed else ""
+    detail = (f" ({'; '.join(passed)})" if passed else
+              " (it holds none: a job writes them with `canary run --checkpoint DIR`)")
     raise SnapshotError(f"{root}: no usable snapshot{detail}")
 
 

@@ -157,6 +157,15 @@ def test_a_worker_that_exits_with_0_mid_job_is_a_failure_that_names_it() -> None
                      f"finished; {LOST}"]
 
 
+def test_a_rank_lost_before_the_first_snapshot_says_so_not_to_use_checkpoint(
+        tmp_path: Path) -> None:
+    # it said "lost unless it kept snapshots (with --checkpoint DIR ...)" to a job run with one
+    status, lines = verdict(end(records(gone={2: (-9, 5.0)}), 9, checkpoint=str(tmp_path)))
+    assert status == 137 and lines[0].endswith(
+        f"the job's results are lost: it had committed no snapshot to {tmp_path} yet (the first "
+        "comes --checkpoint-every seconds into the run)")
+
+
 def test_the_rank_that_died_first_is_named_with_its_signal() -> None:
     rec = records(gone={0: (-9, 7.0), 2: (-9, 5.0)})  # both seen going; rank 2 first
     status, lines = verdict(end(rec, 9))

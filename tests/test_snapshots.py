@@ -441,3 +441,34 @@ def test_a_restart_takes_only_this_runs_snapshots_else_the_one_it_resumed_from(
     assert cli._supervise_with_restarts(["x"], {}, 2, False, None, str(ck), 1) == 0
     own = committed(str(ck))[-1]
     assert own.id > earlier[-1].id and told == [None, os.path.abspath(own.path)]
+    capsys.readouterr()
+    told = launches(writes=False)  # no restart asked for: none made, nothing said of them
+    assert cli._supervise_with_restarts(["x"], {}, 2, False, None, str(ck), 0) == 137
+    assert told == [None] and "restart" not in capsys.readouterr().err
+    told = launches(writes=False)  # every launch loses a rank: it says they are used up
+    monkeypatch.setattr(cli.launch, "supervise_job", lambda *a: (137, True))
+    assert cli._supervise_with_restarts(["x"], {}, 2, False, None, str(ck), 2) == 137
+    err = capsys.readouterr().err
+    assert err.count("restarting the job") == 2 and \
+        err.endswith("canary: no restart left (--restarts 2 used up)\n"), err
+
+
+def test_resume_from_a_file_an_empty_folder_or_an_empty_path_says_what_is_wrong(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from canary.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(SnapshotError, match=r"afile: is a file, not checkpoint directory"):
+        choose(str(afile))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SnapshotError, match=r"no usable snapshot \(it holds none: a job writes "
+                                            r"them with `canary run --checkpoint DIR`\)"):
+        choose(str(tmp_path / "empty"))
+    # an unset shell variable: the job ran without snapshots, or afresh, without a word
+    for flag in ("--checkpoint", "--resume"):
+        assert main(["run", flag, "", "apps/power_iteration.py"]) == 2
+        assert f"canary run: {flag} got an empty path" in capsys.readouterr().err
+    assert main(["run", str(tmp_path)]) == 2  # runpy's ImportError, once per rank
+    assert f"canary run: {tmp_path} is a folder: give the driver script's file" in \
+        capsys.readouterr().err
