@@ -264,7 +264,8 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert r.returncode == 0 and "stopped" in r.stdout
 
 
-def test_bad_requests_get_clear_errors(driver: str, tmp_path: Path) -> None:
+def test_bad_requests_get_clear_errors(driver: str, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "nowhere"
     with pytest.raises(PoolError, match="no pool is running at .*canary cluster start"):
         client.submit(driver, [], root)
@@ -272,8 +273,9 @@ def test_bad_requests_get_clear_errors(driver: str, tmp_path: Path) -> None:
         client.submit("missing.py", [], root)
     with pytest.raises(PoolError, match=f"{tmp_path} is a folder: give the driver script's file"):
         client.submit(str(tmp_path), [], root)
-    with pytest.raises(PoolError, match="--weight must be > 0, got -1"):
-        client.submit(driver, [], root, weight=-1.0)
+    for weight in (-1.0, math.inf):  # inf went into status.json as non-standard JSON
+        with pytest.raises(PoolError, match=f"--weight must be a number > 0, got {weight}"):
+            client.submit(driver, [], root, weight=weight)
     with pytest.raises(PoolError, match="--priority must be >= 0"):
         client.submit(driver, [], root, priority=-2)
     # a directory no pool ever used: said so, not an empty list or "no job 7"
@@ -289,6 +291,11 @@ def test_bad_requests_get_clear_errors(driver: str, tmp_path: Path) -> None:
 
     assert main(["cancel", "3", "--cluster", str(root)]) == 2
     assert main(["submit", "--cluster", str(root), "--weight", "-1", driver]) == 2
+    # it was the top parser's "unrecognized arguments", its usage line the wrong one
+    capsys.readouterr()
+    assert main(["submit", "--cluster", str(root), "--balance", "off", driver]) == 2
+    assert capsys.readouterr().err.startswith("canary submit: error: --balance is not available "
+                                              "for a pool job")
     with pytest.raises(PoolError, match="CANARY_CHECKPOINT is set, but a pool takes no snapsh"):
         client.start(2, "mpiexec", {"CANARY_CHECKPOINT": "/tmp/snaps"}, root)
     # these were ignored by a pool, or ended its workers while it said it was ready

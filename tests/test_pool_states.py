@@ -530,3 +530,23 @@ def test_a_pool_starting_marks_lost_what_a_pool_that_died_there_left_unfinished(
     assert sp.mark_lost() == []  # and says it once
     with pytest.raises(client.PoolError, match=r"already ended \(lost\)"):
         client.cancel(jobs[0], tmp_path)
+
+
+def test_canary_jobs_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
+    # `canary jobs | head -1` printed "canary jobs: error: [Errno 32] Broken pipe"
+    import subprocess
+    import sys
+
+    from canary.pool.spool import Spool
+
+    sp = Spool(tmp_path)
+    for _ in range(1500):  # more lines than a pipe holds (64 KB)
+        sp.new_job({"script": "x.py", "user": "ann", "priority": 0})
+    proc = subprocess.Popen([sys.executable, "-m", "canary.cli", "jobs", "--dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().split()[0] == b"ID"
+    proc.stdout.close()  # the reader stops, as `head -1` does
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr.read() == b""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -64,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
                     help="spread the job over at most M workers (default: all)")
     sb.add_argument("--wait", action="store_true",
                     help="stream the job's output and exit with its status")
-    for option in SNAPSHOT_OPTIONS:  # accepted only to say what to do instead
+    for option in (*SNAPSHOT_OPTIONS, "--balance"):  # accepted only to say what to do instead
         sb.add_argument(option, default=None, help=argparse.SUPPRESS)
     sb.add_argument("script")
     sb.add_argument("args", nargs=argparse.REMAINDER)
@@ -87,6 +88,9 @@ def main(argv: list[str], find_mpiexec: Callable[[], str],
     name = args.command if args.command != "cluster" else f"cluster {args.action}"
     try:
         return _dispatch(args, find_mpiexec, pool_env)
+    except BrokenPipeError:  # `canary jobs | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (client.PoolError, OSError) as exc:
         print(f"canary {name}: error: {exc}", file=sys.stderr)
         return 2
@@ -119,8 +123,10 @@ def _dispatch(args: argparse.Namespace, find_mpiexec: Callable[[], str],
         print("canary pool stopped")
         return 0
     if args.command == "submit":
-        import os
-
+        if args.balance is not None:  # it was "canary: error: unrecognized arguments"
+            raise client.PoolError("--balance is not available for a pool job: a pool does not "
+                                   "move partitions between its jobs' workers. Run a job that "
+                                   "needs balancing with `canary run` on ranks of its own")
         asked = [o for o in SNAPSHOT_OPTIONS if getattr(args, o[2:]) is not None]
         if asked:
             raise client.PoolError(

@@ -180,8 +180,8 @@ def submit(script: str, args: Sequence[str] = (), root: str | os.PathLike[str] |
         raise PoolError(f"script not found: {script}")
     if priority < 0:
         raise PoolError(f"--priority must be >= 0 (0 is the most urgent), got {priority}")
-    if not weight > 0:
-        raise PoolError(f"--weight must be > 0, got {weight}")
+    if not 0 < weight < math.inf:  # inf was written to status.json as non-standard JSON
+        raise PoolError(f"--weight must be a number > 0, got {weight}")
     if workers < 0:
         raise PoolError(f"--workers must be >= 0 (0: the whole pool), got {workers}")
     sp = _spool(root)
