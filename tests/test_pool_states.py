@@ -540,8 +540,10 @@ def test_canary_jobs_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path)
     from canary.pool.spool import Spool
 
     sp = Spool(tmp_path)
-    for _ in range(1500):  # more lines than a pipe holds (64 KB)
-        sp.new_job({"script": "x.py", "user": "ann", "priority": 0})
+    for job in range(1, 1501):  # more lines than a pipe holds (64 KB)
+        sp.job_dir(job).mkdir(parents=True)
+        (sp.job_dir(job) / "spec.json").write_text('{"script": "x.py", "user": "ann", '
+                                                   '"priority": 0}')
     proc = subprocess.Popen([sys.executable, "-m", "canary.cli", "jobs", "--dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=Path(__file__).resolve().parent.parent)
