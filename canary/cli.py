@@ -142,6 +142,10 @@ def _run(args: argparse.Namespace) -> int:
             print(f"canary run: --checkpoint {checkpoint}: cannot create the folder "
                   f"({exc.strerror or exc})", file=sys.stderr)
             return 2
+        if not os.access(checkpoint, os.W_OK | os.X_OK):  # the job ran with no snapshot
+            print(f"canary run: --checkpoint {checkpoint}: this user cannot write there",
+                  file=sys.stderr)
+            return 2
         env[CHECKPOINT_ENV] = os.path.abspath(checkpoint)
         # not given: the ranks' defaults, or CANARY_CHECKPOINT_EVERY / CANARY_KEEP if set
         if args.checkpoint_every is not None:

@@ -326,7 +326,10 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     rec = end.records
     if end.stopped_by is not None:
         word = _STOP_WORDS.get(signal.Signals(end.stopped_by), "stopped")
-        return 128 + end.stopped_by, [f"canary: {word}; job stopped"]
+        line = f"canary: {word}; job stopped"
+        if end.checkpoint:  # where it can go on from
+            line += f"; {_lost(end)}"
+        return 128 + end.stopped_by, [line]
     if end.timed_out is not None:
         return 124, [f"canary: the job ran past its time limit of {end.timed_out} s "
                      f"(--timeout or MPIEXEC_TIMEOUT) and was stopped; {_lost(end)}"]

@@ -195,6 +195,10 @@ def test_stopping_and_time_limit_are_one_line_each() -> None:
     assert verdict(end(records(), -15, stopped_by=signal.SIGINT)) == (
         130, ["canary: interrupted; job stopped"])
     assert verdict(end(records(), -15, stopped_by=signal.SIGTERM))[0] == 143
+    # with snapshots it says where the job can go on from (it said nothing of them)
+    assert verdict(end(records(), -15, stopped_by=signal.SIGTERM, checkpoint="/nowhere")) == (
+        143, ["canary: terminated; job stopped; the job's results are lost: it had committed no "
+              "snapshot to /nowhere yet (the first comes --checkpoint-every seconds into the run)"])
     status, lines = verdict(end(records(), 255, timed_out=60))
     assert status == 124 and "time limit of 60 s" in lines[0]
 

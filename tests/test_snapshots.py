@@ -472,3 +472,17 @@ def test_resume_from_a_file_an_empty_folder_or_an_empty_path_says_what_is_wrong(
     assert main(["run", str(tmp_path)]) == 2  # runpy's ImportError, once per rank
     assert f"canary run: {tmp_path} is a folder: give the driver script's file" in \
         capsys.readouterr().err
+
+
+def test_a_checkpoint_folder_this_user_cannot_write_is_refused_at_launch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # (chattr +i): the job ran without a single snapshot, warning once an interval
+    from canary import cli
+
+    real = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if str(p) == str(tmp_path)
+                        else real(p, mode))
+    assert cli.main(["run", "--checkpoint", str(tmp_path), "apps/power_iteration.py"]) == 2
+    assert f"canary run: --checkpoint {tmp_path}: this user cannot write there" in \
+        capsys.readouterr().err
