@@ -552,3 +552,25 @@ def test_canary_jobs_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path)
     proc.stdout.close()  # the reader stops, as `head -1` does
     assert proc.wait(timeout=60) == 141
     assert proc.stderr.read() == b""
+
+
+def test_a_job_waiting_for_workers_is_told_which_jobs_hold_them() -> None:
+    # a job stuck behind another's long task sat in "placing" for 75 s without a word
+    from types import SimpleNamespace
+
+    from canary.pool.host import WAIT_NOTE_S, ControllerHost
+
+    ctrl, _ = _running()
+    ctrl.handle(Submit(30, 2, JobSpec("drv.py", workers=1)))
+    assert ctrl.info(2).state == "placing"
+    notes: list[tuple[int, str]] = []
+    host = SimpleNamespace(state=ctrl, status={1: {}, 2: {"placing": 100.0}}, wait_noted={},
+                           note=lambda job, line: notes.append((job, line)))
+    for now in (100 + WAIT_NOTE_S - 0.5, 100 + WAIT_NOTE_S + 1, 100 + 2 * WAIT_NOTE_S,
+                100 + 2 * WAIT_NOTE_S + 1.5):
+        ControllerHost._note_waiting(host, now)  # type: ignore[arg-type]
+    workers = ", ".join(map(str, ctrl.info(1).workers))
+    assert notes == [(2, f"canary pool: job 2 has waited {w:.0f} s for workers; the jobs "
+                         f"running: 1 (on worker(s) {workers}) (a task is never preempted: a "
+                         "long one holds its worker until it ends)")
+                     for w in (WAIT_NOTE_S + 1, 2 * WAIT_NOTE_S + 1.5)]

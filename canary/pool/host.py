@@ -80,6 +80,7 @@ from canary.worker.jobs import JobsWorker
 _local = threading.local()  # .ctx: the JobContext of a driver thread; .log: where output goes
 SCAN_S = 0.01  # how often rank 0 looks at the pool directory (submitters also wake it)
 STOP_NOW_GRACE_S = 5.0  # how long `cluster stop --now` waits for cancelled drivers
+WAIT_NOTE_S = 10.0  # a job placing this long is told which jobs hold the workers
 # A rank with jobs polls MPI at least this often (what `canary run`'s workers do), an empty
 # one sleeps longer: a placement or job message then waits at most this long to be seen.
 ACTIVE_SLEEP_S = 2.5e-4
@@ -553,6 +554,7 @@ class ControllerHost(_Host):
         self.stopping_since = 0.0
         self.next_scan = 0.0
         self.next_status = 0.0
+        self.wait_noted: dict[int, float] = {}  # job -> its wait when last said
         self.scan_now = False
 
     def listen(self) -> None:
@@ -617,6 +619,26 @@ class ControllerHost(_Host):
                 self.eid(), ins.job, -1, "its report callback raised (see the log)")))
         finally:
             _local.log = None
+
+    def _note_waiting(self, now: float) -> None:
+        """Say in the log of each job that has waited ``WAIT_NOTE_S`` for workers (and again
+        each time as long) which jobs hold them: a task is never preempted, so a long one
+        holds its worker, and the waiting job said nothing for as long as it lasted."""
+        running = [j for j in self.state.active if self.state.info(j).state == "running"]
+        for job in self.state.active:
+            st = self.status.get(job)
+            if self.state.info(job).state != "placing" or st is None:
+                continue
+            waited = now - st.get("placing", now)
+            said = self.wait_noted.get(job, 0.0)
+            if waited >= WAIT_NOTE_S and waited - said >= WAIT_NOTE_S:
+                self.wait_noted[job] = waited
+                busy = ", ".join(f"{j} (on worker(s) "
+                                 f"{', '.join(map(str, self.state.info(j).workers))})"
+                                 for j in running) or "none"
+                self.note(job, f"canary pool: job {job} has waited {waited:.0f} s for workers; "
+                               f"the jobs running: {busy} (a task is never preempted: a long "
+                               "one holds its worker until it ends)")
 
     def _take_messages(self) -> bool:
         """Handle every message that has arrived; whether there was one."""
@@ -703,6 +725,7 @@ class ControllerHost(_Host):
             log.close()
         self.state.forget(job)
         self.status.pop(job, None)
+        self.wait_noted.pop(job, None)
 
     def _scan(self) -> None:
         sp = self.spool
@@ -778,6 +801,7 @@ class ControllerHost(_Host):
                     info = self.state.info(job)
                     if job in self.status and info.iteration >= 0:
                         self.job_status(job, iteration=info.iteration)
+                self._note_waiting(time.time())
             if busy:
                 self.idle.reset()
             else:
