@@ -194,6 +194,8 @@ class Program:
     """
 
     def __init__(self, name: str = "program") -> None:
+        if not isinstance(name, str) or not name.strip():  # it names snapshots, traces, logs
+            raise DeclarationError(f"a program's name must be a non-empty string, got {name!r}")
         self.name = name
         _DECLARED.add(self)
         self.datasets: list[Dataset] = []

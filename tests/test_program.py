@@ -63,6 +63,9 @@ def test_bad_targets_and_replace_with_several_pieces() -> None:
 
 
 def test_misc_declaration_errors() -> None:
+    for name in (123, "", None):
+        with pytest.raises(DeclarationError, match="a program's name must be a non-empty string"):
+            Program(name)  # type: ignore[arg-type]
     p = Program()
     with pytest.raises(DeclarationError, match="positive integer"):
         p.dataset("x", 0)
