@@ -574,3 +574,25 @@ def test_a_job_waiting_for_workers_is_told_which_jobs_hold_them() -> None:
                          f"running: 1 (on worker(s) {workers}) (a task is never preempted: a "
                          "long one holds its worker until it ends)")
                      for w in (WAIT_NOTE_S + 1, 2 * WAIT_NOTE_S + 1.5)]
+
+
+def test_a_drivers_context_and_its_result_go_when_dropped_without_a_collection() -> None:
+    # the context and the communicator its driver sees referred to each other: rank 0 kept a
+    # finished job's result (300 MB) until Python's next full collection
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from canary.pool.host import JobContext
+
+    ctx = JobContext(SimpleNamespace(), 1, 0, 2, JobSpec("drv.py"), None)  # type: ignore[arg-type]
+    result = np.ones(10)
+    ctx.release(result)
+    assert ctx.comm.Get_rank() == 0 and ctx.comm.size == 2
+    gone, held = weakref.ref(ctx), weakref.finalize(result, lambda: None)
+    del ctx, result
+    gc.disable()
+    try:
+        assert gone() is None and not held.alive
+    finally:
+        gc.enable()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -116,7 +115,6 @@ class WorkerCore:
     log: deque[tuple[Any, ...]] | None  # see WorkerState.story
     _cause: int  # eid of the event being handled
     _eid: int
-    _handlers: dict[type, Callable[[Any, list[Any]], None]]
 
     # ---------------------------------------------------------------- shared steps
     def _next_eid(self) -> int:

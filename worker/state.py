@@ -152,25 +152,6 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         self._init_moves()
         self._init_migration()
         self._init_snapshots(restore)
-        self._handlers: dict[type, Callable[[Any, list[Any]], None]] = {
-            Placement: self._on_placement,
-            TaskDone: self._on_task_done,
-            TaskFailed: self._on_task_failed,
-            Piece: self._on_piece,
-            PieceBatch: self._on_piece_batch,
-            Signal: self._on_signal,
-            Resume: self._on_resume,
-            Tick: self._on_tick,
-            MigrateOut: self._on_migrate_out,
-            MigrateOffer: self._on_migrate_offer,
-            MigrateAccept: self._on_migrate_accept,
-            MigrateData: self._on_migrate_data,
-            MigrateArray: self._on_migrate_array,
-            SnapshotAsk: self._on_snapshot_ask,
-            SnapshotAt: self._on_snapshot_at,
-            SnapshotSaved: self._on_snapshot_saved,
-            SnapshotLoaded: self._on_snapshot_loaded,
-        }
 
     # ---------------------------------------------------------------- public API
     def start(self) -> list[Any]:
@@ -205,7 +186,7 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
             if self._snap_seq is not None:
                 self._snapshot_when_quiet(out)
         else:
-            self._handlers[type(event)](event, out)
+            _HANDLERS[type(event)](self, event, out)
             if self._inline:
                 self._drain(out)
             if self.moves_out:
@@ -420,3 +401,27 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
 
 def _identity(x: Any) -> Any:
     return x
+
+
+# The class's, not each state's: a dict of bound methods on the state made a reference cycle,
+# which kept an ended job's partitions (hundreds of MB on a pool worker) until Python's next
+# full collection.
+_HANDLERS: dict[type, Callable[[WorkerState, Any, list[Any]], None]] = {
+    Placement: WorkerState._on_placement,
+    TaskDone: WorkerState._on_task_done,
+    TaskFailed: WorkerState._on_task_failed,
+    Piece: WorkerState._on_piece,
+    PieceBatch: WorkerState._on_piece_batch,
+    Signal: WorkerState._on_signal,
+    Resume: WorkerState._on_resume,
+    Tick: WorkerState._on_tick,
+    MigrateOut: WorkerState._on_migrate_out,
+    MigrateOffer: WorkerState._on_migrate_offer,
+    MigrateAccept: WorkerState._on_migrate_accept,
+    MigrateData: WorkerState._on_migrate_data,
+    MigrateArray: WorkerState._on_migrate_array,
+    SnapshotAsk: WorkerState._on_snapshot_ask,
+    SnapshotAt: WorkerState._on_snapshot_at,
+    SnapshotSaved: WorkerState._on_snapshot_saved,
+    SnapshotLoaded: WorkerState._on_snapshot_loaded,
+}

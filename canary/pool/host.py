@@ -30,6 +30,7 @@ import threading
 import time
 import traceback
 import types
+import weakref
 from dataclasses import replace
 from itertools import count
 from pathlib import Path
@@ -143,7 +144,9 @@ class JobComm:
     raises NotImplementedError saying so."""
 
     def __init__(self, ctx: JobContext) -> None:
-        self._ctx = ctx
+        # a proxy, not the context: the two made a cycle, which kept rank 0's copy of the
+        # job's result (its context's outcome) until Python's next full collection
+        self._ctx = weakref.proxy(ctx)
 
     def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
         return self._ctx.rank
