@@ -97,7 +97,6 @@ class ControllerState(ControllerSnapshots):
         self.stall_s = stall_s
         self._now = 0.0
         self._progress_at = [0.0] * n_workers  # when each last showed progress
-        self._ran_any = [False] * n_workers  # whether each has finished a task yet
         self._warned_at = [0.0] * n_workers
         self._init_snapshots(checkpoint, first_snapshot, resumed)
 
@@ -202,8 +201,6 @@ class ControllerState(ControllerSnapshots):
         # a worker that finished tasks, mostly waited for others, or is done is not stuck
         if ev.tasks or ev.done or ev.idle > 0.5 * ev.interval:
             self._progress_at[w] = self._now
-        if ev.tasks:
-            self._ran_any[w] = True
         if self.policy is not None:
             self.policy.report(ev, self._now)
         return []
@@ -228,11 +225,10 @@ class ControllerState(ControllerSnapshots):
             if (w not in self.done and quiet >= self.stall_s
                     and self._now - self._warned_at[w] >= self.stall_s):
                 self._warned_at[w] = self._now
-                what = (f"no task finished for {quiet:.0f} s (stopped, swapping, or stuck in a "
-                        "kernel?)" if pending is None and self._ran_any[w] else
-                        f"no task finished yet, {quiet:.0f} s in (numba compiling the kernels, "
-                        "which a first run on a busy machine can take this long for; or stopped, "
-                        "swapping, stuck in a kernel?)" if pending is None else
+                # a kernel numba compiles on its first call looks like one stuck in a loop:
+                # on a first run on a busy machine compiling takes tens of seconds
+                what = (f"no task finished for {quiet:.0f} s (stopped, swapping, stuck in a "
+                        "kernel, or compiling one on a first run?)" if pending is None else
                         f"it has not {step} snapshot {pending.snap} for {quiet:.0f} s (stopped, "
                         "swapping, stuck in a kernel, or writing to a slow disk?)")
                 out.append(Progress(f"canary: waiting for worker {w} (rank {worker_rank(w)}): "

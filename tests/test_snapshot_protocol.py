@@ -12,7 +12,6 @@ from canary.controller.state import ControllerState
 from canary.messages import (
     CommitSnapshot,
     Hello,
-    LoadReport,
     MigrateOut,
     MoveRequest,
     Placement,
@@ -250,20 +249,9 @@ def test_a_snapshot_names_the_worker_it_waits_for_and_not_those_that_answered(
     # the next snapshot started at that tick: neither answers it
     late = said(31.5)
     assert len(late) == 2 and all("it has not answered snapshot 2 for 6 s" in x for x in late)
-
-
-def test_a_worker_that_has_finished_no_task_yet_is_said_to_be_maybe_compiling() -> None:
-    # on a first run numba compiles for tens of seconds on a busy machine: "stopped, swapping,
-    # or stuck in a kernel?" pointed the user at a hang
-    p = counting_program()
-    c = ControllerState(p, 2, stall_s=5.0)
-    for w in range(2):
-        c.handle(Hello(next(EIDS), w, p.digest, p.statements()))
-    c.handle(LoadReport(next(EIDS), 0, 0.5, (), 0.0, 3, 0, False))  # worker 0 ran tasks
-    lines = [i.line for i in c.handle(Tick(next(EIDS), 6.0)) if isinstance(i, Progress)]
-    assert lines == [
-        "canary: waiting for worker 0 (rank 1): no task finished for 6 s (stopped, swapping, or "
-        "stuck in a kernel?)",
-        "canary: waiting for worker 1 (rank 2): no task finished yet, 6 s in (numba compiling the "
-        "kernels, which a first run on a busy machine can take this long for; or stopped, "
-        "swapping, stuck in a kernel?)"]
+    # a kernel numba compiles on its first call looks like a stuck one: said as a possibility
+    c = ControllerState(p, 1, stall_s=5.0)
+    c.handle(Hello(next(EIDS), 0, p.digest, p.statements()))
+    assert [i.line for i in c.handle(Tick(next(EIDS), 6.0)) if isinstance(i, Progress)] == [
+        "canary: waiting for worker 0 (rank 1): no task finished for 6 s (stopped, swapping, "
+        "stuck in a kernel, or compiling one on a first run?)"]
