@@ -607,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         "labels_changed": int(r[2]) if np.isfinite(r[2]) else None,
         "center_shift": float(r[3]),
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
+        "controller_cpu_percent": result.controller_cpu_percent,
         "controller_messages": result.scheduling_messages,
         "migrations": result.migrations, "bytes_migrated": result.bytes_migrated,
         "snapshots": result.snapshots, "resumed_from": result.resumed_from,

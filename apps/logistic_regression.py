@@ -380,8 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "iterations": int(r[0]), "objective": float(r[1]), "gradient_norm": float(r[2]),
         "converged": bool(r[2] < args.tol), "accuracy": correct / rows,
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
-        "controller_cpu_percent": round(
-            100 * result.controller_cpu_seconds / max(result.seconds, 1e-9), 3),
+        "controller_cpu_percent": result.controller_cpu_percent,
         "controller_messages": result.scheduling_messages,
         "migrations": result.migrations, "bytes_migrated": result.bytes_migrated,
         "snapshots": result.snapshots, "resumed_from": result.resumed_from,

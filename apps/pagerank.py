@@ -738,6 +738,7 @@ def main(argv: list[str] | None = None) -> int:
         "l1_change": float(s[T_L1]), "rank_sum": float(s[T_SUM]),
         "converged": bool(s[T_L1] < args.tol),
         "seconds": round(time.perf_counter() - t0, 4), "tasks": result.tasks_run,
+        "controller_cpu_percent": result.controller_cpu_percent,
         "controller_messages": result.scheduling_messages,
         "migrations": result.migrations, "bytes_migrated": result.bytes_migrated,
         "snapshots": result.snapshots, "resumed_from": result.resumed_from,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,14 @@ class JobResult:
     snapshots: int = 0  # snapshots committed while the job ran
     resumed_from: int | None = None  # the snapshot the job resumed from, if it did
     events: int = 0  # events the in-process runner handled (0 over MPI)
+
+    @property
+    def controller_cpu_percent(self) -> float | None:
+        """The controller's CPU time as a percentage of the job's time, to 3 decimals; None
+        where it was not measured (a pool job)."""
+        if not math.isfinite(self.controller_cpu_seconds):
+            return None
+        return round(100 * self.controller_cpu_seconds / max(self.seconds, 1e-9), 3)
 
     def value(self, name: str) -> np.ndarray:
         """The single partition of reported one-partition dataset ``name``.

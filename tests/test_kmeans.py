@@ -185,6 +185,7 @@ def test_mpiexec(tmp_path: Path, digits: tuple, ranks: int) -> None:
     sk = sk_fit(X, C0)
     assert summary["iterations"] == sk.n_iter_ and summary["workers"] == ranks - 1
     assert summary["converged"] and summary["tasks"] > 0
+    assert 0 < summary["controller_cpu_percent"] < 100  # only logistic regression's said it
     z = np.load(out)
     assert_matches(sk, X, np.array([summary["iterations"], float(z["inertia"])]), z["centers"],
                    z["labels"])

@@ -174,6 +174,7 @@ def test_mpiexec_output_top_and_summary(tmp_path: Path, ranks: int) -> None:
     assert cp.returncode == 0, cp.stderr
     summary = strict_loads(cp.stdout.strip().splitlines()[-1])
     assert summary["workers"] == ranks - 1 and summary["converged"]
+    assert 0 < summary["controller_cpu_percent"] < 100  # only logistic regression's said it
     assert summary["vertices"] == 34 and summary["distinct_edges"] == len(e)
     if ranks == 2:
         lines = out.read_text().splitlines()
