@@ -229,6 +229,10 @@ def main(argv: list[str] | None = None) -> None:
     run = RankRun.from_environ()
     if run is not None:
         run.start()
+    # MPI starts here, not when the driver first imports it (in canary.run): a rank that ended
+    # before it had started MPI (its input missing, an argument error on one host) left the
+    # others waiting in MPI_Init for ever, where no startup timeout can reach them
+    from mpi4py import MPI  # noqa: F401
     try:
         mpi4py_run.run_command_line(args)
     except SystemExit as exc:

@@ -697,6 +697,14 @@ def test_an_error_on_one_rank_only_is_shown_once_and_ends_the_job() -> None:
     assert r.stderr == "one_rank_fails: error: rank 2 cannot read its input\n"
 
 
+def test_a_rank_that_stops_before_its_driver_imports_mpi_ends_the_job() -> None:
+    # MPI started only when the driver reached canary.run: the other ranks waited in MPI_Init
+    # for ever, out of the startup timeout's reach
+    r = canary_run(str(DRIVERS / "exits_before_mpi.py"), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "exits_before_mpi: error: data.svm not found on this host" in r.stderr
+
+
 def test_a_driver_that_raises_on_one_rank_is_named_with_its_rank() -> None:
     # the traceback came alone: nothing said it was rank 2's
     r = canary_run(str(DRIVERS / "rank_raises.py"))
