@@ -12,8 +12,8 @@ launcher, and say how the job ended.
 * **Output.** With MPICH's hydra, every line a rank prints comes tagged with its rank
   (``-prepend-pattern``), and :class:`OutputFilter` turns the stream back into the ranks'
   lines: rank 0's lines pass at once; a line of another rank is held back up to ``hold``
-  seconds and dropped if rank 0 printed the same line (an argument error or ``--help`` printed
-  by every rank shows once); MPICH's own ``Abort(...)`` lines and termination banners are
+  seconds and dropped if rank 0 printed the same line within ``hold`` seconds of it (an
+  argument error or ``--help`` printed by every rank shows once); MPICH's own ``Abort(...)`` lines and termination banners are
   dropped, because canary says what happened. Other MPIs' output passes through untouched.
 * **Exit status.** The ranks record their start and end in a run folder
   (:mod:`canary.ranks`), their sentinels how a rank that did not finish ended, and
@@ -141,7 +141,9 @@ class OutputFilter:
         self._owner: dict[int, int | None] = {STDOUT: None, STDERR: None}
         self._partial: dict[tuple[int, int | None], tuple[bytes, float]] = {}
         self._held: dict[tuple[int, int], deque[_Held]] = {}
-        self._owed: dict[tuple[int, int], dict[bytes, int]] = {}
+        # (stream, rank) -> line -> when rank 0 printed it, each time: the same line from that
+        # rank within ``hold`` seconds is the copy every rank prints (a usage line)
+        self._owed: dict[tuple[int, int], dict[bytes, deque[float]]] = {}
         self._out: list[tuple[int, bytes]] = []
 
     def take(self) -> list[tuple[int, bytes]]:
@@ -232,17 +234,19 @@ class OutputFilter:
         if owner == 0:
             self._out.append((stream, line))
             for rank in range(1, self.ranks):
-                self._match_rank0_line(stream, rank, line)
+                self._match_rank0_line(stream, rank, line, now)
             return
         owed = self._owed.get((stream, owner))
-        if owed and owed.get(line, 0) > 0:  # rank 0 printed this already
-            owed[line] -= 1
-            if not owed[line]:
-                del owed[line]
-            return
+        times = owed.get(line) if owed else None
+        if times:
+            while times and now - times[0] > self.hold:  # printed long before: its own line
+                times.popleft()
+            if times:  # rank 0 printed this a moment ago
+                times.popleft()
+                return
         self._held.setdefault((stream, owner), deque()).append(_Held(line, now))
 
-    def _match_rank0_line(self, stream: int, rank: int, line: bytes) -> None:
+    def _match_rank0_line(self, stream: int, rank: int, line: bytes, now: float) -> None:
         q = self._held.get((stream, rank))
         if q:
             for i, held in enumerate(q):
@@ -250,7 +254,7 @@ class OutputFilter:
                     del q[i]
                     return
         owed = self._owed.setdefault((stream, rank), {})
-        owed[line] = owed.get(line, 0) + 1
+        owed.setdefault(line, deque()).append(now)
         if len(owed) > self.remembered:
             del owed[next(iter(owed))]
 

@@ -76,6 +76,15 @@ def test_rank_zero_repeating_a_line_only_hides_as_many_copies() -> None:
     assert written(f) == ["step\n", "step\n"]  # rank 0's, and rank 1's second one
 
 
+def test_a_workers_line_long_after_rank_0_printed_the_same_is_its_own() -> None:
+    # rank 0's "checkpoint reached" at 0 s hid rank 1's own, printed 4 s later
+    f = OutputFilter(ranks=2, hold=1.0)
+    f.feed(STDOUT, tag(0, "checkpoint reached\n"), now=0.0)
+    f.feed(STDOUT, tag(1, "checkpoint reached\n"), now=4.0)
+    f.finish()
+    assert written(f) == ["checkpoint reached\n", "checkpoint reached\n"]
+
+
 def test_lines_are_rebuilt_from_chunks_that_interleave_ranks_and_split_tags() -> None:
     # hydra tags every chunk it forwards, so one rank's line may arrive in pieces with another
     # rank's chunk in between, and a read may end inside a tag
