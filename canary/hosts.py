@@ -376,6 +376,10 @@ class LaunchHosts:
     source: str | None  # the hostfile's path or "the Slurm allocation"; None: this machine
 
 
+#: the most ranks per core ``canary run`` starts on one machine without a hostfile
+MAX_RANKS_PER_CORE = 16
+
+
 def launch_hosts(hostfile: str | None, workers: int | None, ppn: int | None, hydra: bool,
                  environ: Mapping[str, str] = os.environ, check: bool = True,
                  timeout: float = REACH_TIMEOUT) -> LaunchHosts:
@@ -397,7 +401,12 @@ def launch_hosts(hostfile: str | None, workers: int | None, ppn: int | None, hyd
         workers = max(1, available_ranks(hosts, ppn) - 1) if hosts else 2
     if workers < 1:
         raise HostError(f"-n must be at least 1 worker, got {workers}")
-    if not hosts:
+    if not hosts:  # this machine alone
+        cores = os.cpu_count() or 1
+        if workers + 1 > MAX_RANKS_PER_CORE * cores:  # mpiexec grew to GBs starting 1e11
+            raise HostError(f"-n {workers}: {workers + 1} ranks on this machine's {cores} "
+                            f"core(s) is more than {MAX_RANKS_PER_CORE} a core; for more "
+                            "machines give -f HOSTFILE (or run inside a Slurm allocation)")
         return LaunchHosts(workers, None, [], None)
     if not hydra:
         if ppn is not None:

@@ -93,6 +93,17 @@ def test_inside_slurm_canary_run_places_ranks_on_the_allocation_without_a_hostfi
     assert got.hostfile_text == "cn1:2\ncn2:1\n"
     plain = launch_hosts(None, None, None, hydra=True, environ={})
     assert plain.workers == 2 and plain.hostfile_text is None and plain.source is None
+    # -n 100000000000 on this machine alone: mpiexec grew to GBs trying
+    import os
+
+    from canary.hosts import MAX_RANKS_PER_CORE
+
+    cores = os.cpu_count() or 1
+    assert launch_hosts(None, MAX_RANKS_PER_CORE * cores - 1, None, hydra=True,
+                        environ={}).hostfile_text is None
+    with pytest.raises(HostError, match=rf"-n {10**11}: .* is more than {MAX_RANKS_PER_CORE} a "
+                                        r"core; for more machines give -f HOSTFILE"):
+        launch_hosts(None, 10**11, None, hydra=True, environ={})
 
 
 def test_ppn_fills_hosts_in_order_and_warns_above_a_hosts_slots() -> None:
