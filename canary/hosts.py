@@ -102,7 +102,7 @@ def _parse_line(text: str, where: str) -> Host:
 
 
 def _slots(count: str, where: str, shape: str) -> int:
-    if not count.isdigit() or int(count) < 1:
+    if not count.isdecimal() or int(count) < 1:
         raise HostError(f"{where}: slots must be a whole number >= 1, got {count!r}: {shape}")
     return int(count)
 
@@ -154,7 +154,7 @@ def _expand_range(spec: str, nodelist: str) -> list[str]:
     out: list[str] = []
     for piece in spec.split(","):
         lo, dash, hi = piece.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()) or (dash and int(hi) < int(lo)):
+        if not lo.isdecimal() or (dash and not hi.isdecimal()) or (dash and int(hi) < int(lo)):
             raise HostError(f"SLURM_JOB_NODELIST={nodelist!r}: cannot read range {piece!r}")
         width = len(lo)
         out += [str(v).zfill(width) for v in range(int(lo), int(hi if dash else lo) + 1)]

@@ -43,6 +43,7 @@ def test_hostfile_reads_mpich_and_open_mpi_lines_comments_and_blanks(tmp_path: P
 @pytest.mark.parametrize("text, message", [
     ("node1:x\n", r"hosts:1: slots must be a whole number >= 1, got 'x'"),
     ("node1:0\n", r"slots must be a whole number >= 1, got '0'"),
+    ("node1:\u00b2\n", r"hosts:1: slots must be a whole number >= 1, got '\u00b2'"),  # int() failed
     ("node1 cores=4\n", r"hosts:1: cannot read 'node1 cores=4'"),
     ("node/1\n", r"'node/1' is not a host name"),
     ("# only a comment\n\n", r"names no host"),
