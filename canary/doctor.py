@@ -56,7 +56,9 @@ def numba_cache_status(root: Path | None = None) -> dict[str, Any]:
     root = root or Path(__file__).resolve().parent.parent
     custom = os.environ.get("NUMBA_CACHE_DIR")
     folder = Path(custom) if custom else root / "apps" / "__pycache__"
-    probe = folder if folder.exists() else folder.parent
+    probe = folder
+    while not probe.exists() and probe != probe.parent:  # numba makes the missing folders
+        probe = probe.parent
     return {"dir": str(folder), "exists": folder.exists(),
             "writable": os.access(probe, os.W_OK | os.X_OK),
             "cached_kernels": len(list(folder.rglob("*.nbi"))) if folder.exists() else 0}
@@ -217,6 +219,12 @@ def main(argv: list[str], mpiexec: str, env: Mapping[str, str],
                     help="seconds each host gets to resolve and answer ssh")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (tests)")
     args = ap.parse_args(argv)
+    # -n 0 ran 2 ranks without a word, --timeout 0 ended in mpiexec's empty error
+    for flag, value, least in (("-n", args.n, 2), ("--timeout", args.timeout, 1)):
+        if value is not None and value < least:
+            ap.error(f"{flag} must be at least {least}, got {value}")
+    if not args.reach_timeout > 0:
+        ap.error(f"--reach-timeout must be above 0 s, got {args.reach_timeout}")
     try:
         found = job_hosts(args.hostfile)
         with tempfile.TemporaryDirectory(prefix="canary-doctor-") as tmp:

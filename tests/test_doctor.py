@@ -53,6 +53,9 @@ def test_numba_cache_status_follows_numba_cache_dir(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     got = numba_cache_status()
     assert got == {"dir": str(tmp_path), "exists": True, "writable": True, "cached_kernels": 1}
+    # a folder two levels down that numba will make: it was "NOT writable"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "new" / "deeper"))
+    assert numba_cache_status()["writable"] is True
     monkeypatch.delenv("NUMBA_CACHE_DIR")
     assert numba_cache_status(tmp_path)["dir"] == str(tmp_path / "apps" / "__pycache__")
 
@@ -94,3 +97,9 @@ def test_canary_doctor_refuses_hosts_it_cannot_use_within_seconds(tmp_path: Path
     assert "canary doctor: host 'no-such-host.invalid' does not resolve" in r.stderr
     r = doctor("-f", str(tmp_path / "missing"))
     assert r.returncode == 2 and "hostfile not found" in r.stderr
+    # -n 0 ran 2 ranks; --timeout 0 ended in an empty mpiexec error; -1 s was "within -1 s"
+    for args, says in ((("-n", "0"), "-n must be at least 2, got 0"),
+                       (("--timeout", "0"), "--timeout must be at least 1, got 0"),
+                       (("--reach-timeout", "-1"), "--reach-timeout must be above 0 s")):
+        r = doctor(*args)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
