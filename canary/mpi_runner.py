@@ -181,7 +181,8 @@ def checkpoint_config(environ: Mapping[str, str]) -> SnapshotConfig | None:
         return None
     return SnapshotConfig(folder, env_number(CHECKPOINT_EVERY_ENV, SnapshotConfig.every_s,
                                              environ=environ),
-                          int(env_number(KEEP_ENV, SnapshotConfig.keep, integer=True,
+                          # at least 1: "--keep must be at least 1" named a flag never given
+                          int(env_number(KEEP_ENV, SnapshotConfig.keep, minimum=1, integer=True,
                                          environ=environ)),
                           os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "",
                           tuple(sys.argv[1:]))

@@ -81,3 +81,13 @@ def test_the_load_report_period_is_set_by_canary_report_ms_and_must_fit_the_stal
     for report_s, stall_s in ((5.0, 10.0), (0.0, 10.0)):
         with pytest.raises(ValueError, match="CANARY_REPORT_MS=.*CANARY_STALL_S"):
             check_report_period(report_s, stall_s)
+
+
+def test_canary_keep_is_refused_by_its_own_name_below_1() -> None:
+    # it said "--keep must be at least 1", a flag the user never gave, and "integer >= 0"
+    from canary.mpi_runner import checkpoint_config
+
+    for value, says in (("0", "CANARY_KEEP='0' is below 1: set it to an integer >= 1"),
+                        ("abc", "CANARY_KEEP='abc' is not an integer: set it to an integer >= 1")):
+        with pytest.raises(ValueError, match=says):
+            checkpoint_config({"CANARY_CHECKPOINT": "/tmp/ck", "CANARY_KEEP": value})
