@@ -13,8 +13,9 @@ launcher, and say how the job ended.
   (``-prepend-pattern``), and :class:`OutputFilter` turns the stream back into the ranks'
   lines: rank 0's lines pass at once; a line of another rank is held back up to ``hold``
   seconds and dropped if rank 0 printed the same line within ``hold`` seconds of it (an
-  argument error or ``--help`` printed by every rank shows once); MPICH's own ``Abort(...)`` lines and termination banners are
-  dropped, because canary says what happened. Other MPIs' output passes through untouched.
+  argument error or ``--help`` printed by every rank shows once); MPICH's own ``Abort(...)``
+  lines and termination banners are dropped, because canary says what happened. Other MPIs'
+  output passes through untouched.
 * **Exit status.** The ranks record their start and end in a run folder
   (:mod:`canary.ranks`), their sentinels how a rank that did not finish ended, and
   :func:`verdict` reads that with what mpiexec said: 0 only when rank 0 (the controller)

@@ -246,7 +246,7 @@ class Program:
         if not outs:
             raise DeclarationError("load: give at least one output dataset")
         self._check_same_partitions(outs, label, "load")
-        return self._add(Stage(0, LOAD, name or _short(loader), loader, (), outs))
+        return self._add(Stage(0, LOAD, label, loader, (), outs))
 
     def compute(
         self,

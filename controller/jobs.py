@@ -306,15 +306,21 @@ class JobsController:
                 if type(ins) is Release:
                     out[k] = Release(job, reason, JobAborted, None, ins.cause)
             return
-        out += [self._send(r, JobEnd(self._next_eid(), job, reason)) for r in j.ranks]
-        info.state = "ended"
-        info.reason = reason
-        out.append(Release(job, reason, JobAborted, None, self._cause))
+        self._end_undeclared(j, reason, out)
+
+    def _end_undeclared(self, j: _Job, reason: str | None, out: list[Any]) -> None:
+        """End a job whose drivers run but declared no program: :class:`JobEnd` to its workers
+        and its drivers released, with ``reason`` (None: it has no program, and ends well)."""
+        out += [self._send(r, JobEnd(self._next_eid(), j.info.job, reason)) for r in j.ranks]
+        j.info.state = "ended"
+        j.info.reason = reason
+        out.append(Release(j.info.job, reason, JobAborted, None, self._cause))
 
     def _on_driver_ended(self, ev: DriverEnded, out: list[Any]) -> None:
-        """A driver ended before its job did, or the job's state failed on a worker. A driver that exited with status 0 before any
-        program was declared (``--help``) ends the job without one, once rank 0's has done
-        so (the workers' may end first); any other end aborts the job."""
+        """A driver ended before its job did, or the job's state failed on a worker. A driver
+        that exited with status 0 before any program was declared (``--help``) ends the job
+        without one, once rank 0's has done so (the workers' may end first); any other end
+        aborts the job."""
         j = self.jobs.get(ev.job)
         if j is None:
             return
@@ -322,9 +328,7 @@ class JobsController:
             if ev.worker >= 0:
                 j.clean_exits.append(ev.worker)
                 return
-            out += [self._send(r, JobEnd(self._next_eid(), j.info.job, None)) for r in j.ranks]
-            j.info.state = "ended"
-            out.append(Release(j.info.job, None, JobAborted, None, self._cause))
+            self._end_undeclared(j, None, out)
             return
         self._abort(j, f"the job stopped on {_where(ev.worker)}: {ev.message}", out)
 

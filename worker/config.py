@@ -131,8 +131,6 @@ class WorkerConfig:
         return replace(defaults, **values, **overrides)
 
 
-
-
 def slowdown_from_env(environ: Mapping[str, str], n_workers: int | None) -> tuple[int, float] | None:
     """``CANARY_SLOWDOWN=WORKER:FACTOR`` as ``(worker, factor)``, or None when unset. Raises
     ValueError naming the variable unless WORKER is a 0-based worker index (below

@@ -254,7 +254,7 @@ def builtin_gather(pieces: list[np.ndarray], stage: Stage, rank: int,
     naming the stage and rank (numpy's default filter says it once per stage and rank); as in
     a kernel, the job goes on with the inf or nan. Raises :class:`GatherError` as the gather
     does."""
-    if stage.gather != "sum" or all(p.dtype.kind != "f" and p.dtype.kind != "c" for p in pieces):
+    if stage.gather != "sum" or all(p.dtype.kind not in "fc" for p in pieces):
         return GATHERS[stage.gather](pieces)  # type: ignore[no-any-return]
     with np.errstate(all="call", call=_FloatTrouble(stage, rank, worker)):
         return gather_sum(pieces)

@@ -26,6 +26,14 @@ from canary.io._common import (
 )
 
 _EXPECT_FEATURE = "expected INDEX:VALUE with 1-based integer INDEX"
+
+
+def _index_zero(tok: str) -> str:
+    """What a feature index 0 in token ``tok`` is told: most such files are 0-based ones."""
+    return (f"feature index 0 in '{tok}' is not 1-based ({_EXPECT_FEATURE} >= 1; scikit-learn's "
+            "dump_svmlight_file writes 0-based indices unless given zero_based=False)")
+
+
 # What a binary file given as svmlight is not, and what a tabular file should be.
 _SVM_TEXT = "svmlight text"
 _SVM_EXPECTED = ("'LABEL INDEX:VALUE ...' lines, or a .npy, .npz or .h5 file named so; "
@@ -87,10 +95,7 @@ def count_rows(path: PathLike, n_features: int | None = None) -> tuple[int, int]
             zero = _first_index_zero(p)
             if zero is not None:  # features there, all at index 0: a 0-based file
                 line, tok = zero
-                raise InputFormatError(f"{p}:{line}: feature index 0 in '{tok}' is not 1-based "
-                                       f"({_EXPECT_FEATURE} >= 1; scikit-learn's "
-                                       "dump_svmlight_file writes 0-based indices unless given "
-                                       "zero_based=False)")
+                raise InputFormatError(f"{p}:{line}: {_index_zero(tok)}")
             raise InputFormatError(
                 f"{p}: no line has an INDEX:VALUE feature (expected 'LABEL INDEX:VALUE ...' "
                 "lines; a table of plain numbers is not svmlight: save it with numpy.save as "
@@ -341,10 +346,7 @@ def _svm_error(p: str, buf: np.ndarray, line: int, d: int, err: int, s: int, e: 
     msg = {
         K.E_NO_COLON: f"feature '{tok}' has no ':' ({_EXPECT_FEATURE})",
         K.E_INDEX_NOT_INT: f"feature index '{idx}' is not an integer ({_EXPECT_FEATURE})",
-        K.E_INDEX_ZERO: (
-            f"feature index 0 in '{tok}' is not 1-based ({_EXPECT_FEATURE} >= 1; scikit-learn's "
-            "dump_svmlight_file writes 0-based indices unless given zero_based=False)"
-        ),
+        K.E_INDEX_ZERO: _index_zero(tok),
         K.E_INDEX_ORDER: (
             f"feature index {idx} is not greater than the previous index on the line "
             "(expected strictly increasing feature indices)"
@@ -492,7 +494,7 @@ class _Arrays:
                         )
                     x = _h5_array(p, h, "X")
                     self.x_shape, self.x_dtype = tuple(x.shape), x.dtype
-                    if "y" in h or "y" in h.keys():  # a broken link is a key, not a member
+                    if "y" in h.keys():  # a broken link is a key, not a member (`in h`)
                         self.has_y = True
                         y = _h5_array(p, h, "y")
                         self.y_shape, self.y_dtype = tuple(y.shape), y.dtype
