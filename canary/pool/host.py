@@ -439,12 +439,11 @@ class _Host:
 class WorkerHost(_Host):
     """A worker rank: feed :class:`JobsWorker` and carry out what it says."""
 
-    def __init__(self, comm: Any, spool: Spool, policy: str) -> None:
+    def __init__(self, comm: Any, spool: Spool, policy: str, config: WorkerConfig) -> None:
         super().__init__(comm, spool)
         n = comm.Get_size() - 1
         # A task is never preempted, so a job's fused stretch is what another job's urgent
         # task may wait for: a pool keeps stretches to a few ms.
-        config = WorkerConfig.from_env()
         config = replace(config, fuse_max_s=min(config.fuse_max_s, POOL_FUSE_MAX_S),
                          fuse_target_s=min(config.fuse_target_s, POOL_FUSE_MAX_S / 2))
         self.state = JobsWorker(self.rank - 1, n, policy, config)
@@ -839,8 +838,9 @@ def main(argv: list[str] | None = None) -> int:
                                                             "host": os.uname().nodename})
     # every rank is up, and its settings read, before rank 0 says the pool is ready (a bad one
     # ended the workers after it had)
+    config: WorkerConfig | None = None
     try:
-        WorkerConfig.from_env()
+        config = WorkerConfig.from_env()
         problem = None
     except ValueError as exc:
         problem = str(exc)
@@ -856,7 +856,8 @@ def main(argv: list[str] | None = None) -> int:
         ControllerHost(comm, spool, args.policy, args.placement, args.seed,
                        args.probe_ratio).loop()
     else:
-        WorkerHost(comm, spool, args.policy).loop()
+        assert config is not None  # else every rank has returned above
+        WorkerHost(comm, spool, args.policy, config).loop()
     comm.Barrier()
     return 0
 
