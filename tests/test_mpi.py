@@ -153,10 +153,11 @@ def test_a_busy_sender_releases_completed_send_buffers() -> None:
     assert out["in_flight"] <= 2, out  # the last send (maybe one more not yet seen done), not 31
 
 
-def test_a_message_that_arrived_during_a_task_is_found_by_the_first_poll_after_it() -> None:
+def test_a_message_that_arrived_during_a_task_is_found_by_the_first_poll_after_it(
+        tmp_path: Path) -> None:
     # with one Iprobe it was found by the second: a pool job's cancel reached a worker one
     # whole task (4 s) late, and a busy worker saw any message a batch of tasks late
-    proc = mpirun(2, str(DRIVERS / "busy_receiver.py"))
+    proc = mpirun(2, str(DRIVERS / "busy_receiver.py"), str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert summary(proc.stdout)["polls"] == [1] * 5
 
