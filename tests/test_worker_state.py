@@ -636,6 +636,46 @@ def test_a_stretch_sizes_the_next_from_its_measured_time() -> None:
     assert fixed.max_fused == 8
 
 
+def finish_stretch(st: WorkerState, task: Task, seconds: float) -> list:
+    """Finish fused ``task`` as if it took ``seconds``, its partitions' values unchanged."""
+    assert task.stretch is not None
+    return st.handle(done(task, [(p, p.value) for row in task.stretch.parts
+                                 for p in row.values()], seconds=seconds))
+
+
+def test_the_first_stretch_is_small_until_one_has_been_timed() -> None:
+    # Nothing bounds a stretch in seconds before one has been timed, and no message is read
+    # while one runs: slow kernels in a long compute-only loop must not make the first stretch
+    # hold messages for the whole loop.
+    st, out = placed(compute_loop(parts=2, iters=4000), 0, 1)
+    for _ in range(2):
+        out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+    first = out[0].task
+    assert first.kind == K_FUSED and first.stretch.tasks == 2  # one instance on 2 partitions
+    out = finish_stretch(st, first, seconds=2 * 0.5)  # 0.5 s kernels: stay at 2 tasks
+    second = out[0].task
+    assert second.kind == K_FUSED and second.stretch.tasks == 2
+    out = finish_stretch(st, second, seconds=2 * 1e-6)  # 1 µs kernels: a long stretch
+    third = out[0].task
+    assert third.kind == K_FUSED
+    assert third.stretch.tasks == stretch_budget(1e-6, 2, st.config) == 5000
+    assert not st.lone_stages
+
+
+def test_a_stretch_cut_by_the_size_limit_does_not_make_its_stage_lone() -> None:
+    # Stretches of one instance because the budget allowed no more say nothing about the
+    # program: the stage has no communication around it, so fusing it stays worth it.
+    st, out = placed(compute_loop(parts=2, iters=40), 0, 1)
+    for _ in range(2):
+        out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+    first = out[0].task
+    assert first.kind == K_FUSED and len(first.stretch.instances) == 1
+    assert first.stretch.limited
+    for _ in range(2):  # 1 ms tasks: lone after the second such stretch, had the program cut it
+        st._tune_fusion(first, 2 * 1e-3)
+    assert not st.lone_stages
+
+
 def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
     # inc sits between a broadcast and a reduce: a stretch of it is one instance.
     p = Program("between")

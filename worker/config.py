@@ -35,8 +35,11 @@ class WorkerConfig:
     # ---- the state machine (canary.worker.state)
     #: Stage instances a worker may have emitted and not finished (the run-ahead window).
     window: int = 64
-    #: Most tasks the first fused compute stretch may stand for; below 2, fusion is off.
-    max_fused: int = 1024
+    #: Most tasks the first fused compute stretch may stand for; below 2, fusion is off. Nothing
+    #: bounds a stretch in seconds before one has been timed (no message is read while one
+    #: runs), so the first is small: with 0.5 s kernels, 1,024 tasks would hold every message
+    #: for over 8 minutes. The next are sized from its time (``adapt_fused``).
+    max_fused: int = 2
     #: Size later stretches from the measured time of the last one (see ``stretch_budget``).
     adapt_fused: bool = True
     #: A fused stretch should last about this long ...

@@ -65,6 +65,7 @@ class Fusion(WorkerCore):
         instances, datasets, pc, counters = self._stretch(g, limit)
         if len(instances) * len(idxs) < 2:
             return False
+        limited = len(instances) == limit and bool(self._stretch(g, 1, pc, counters)[0])
         seq0 = self.seq
         fused: list[tuple[Stage, int, tuple[int, ...]]] = []
         for k, (st, it) in enumerate(instances):
@@ -79,7 +80,7 @@ class Fusion(WorkerCore):
             self.log.append((self._cause, "emit", seq0, last_seq, -1, st0.id, 0))
         acc = tuple((p, WRITE) for row in parts for p in row.values())
         t = Task(self._tid, last_seq, st0, K_FUSED, idxs[0], instances[0][1], acc)
-        t.stretch = Stretch(fused, list(idxs), parts)
+        t.stretch = Stretch(fused, list(idxs), parts, limited)
         self._tid += 1
         self.tasks[t.tid] = t
         for p, _ in acc:
@@ -89,16 +90,18 @@ class Fusion(WorkerCore):
         self.fused_live += 1
         return True
 
-    def _stretch(self, g: int, limit: int
+    def _stretch(self, g: int, limit: int, pc: int | None = None,
+                 counters: list[int] | None = None
                  ) -> tuple[list[tuple[Stage, tuple[int, ...]]], set[int], int, list[int]]:
-        """Look ahead from ``pc`` (changing nothing): the compute instances of group ``g`` the
-        program reaches through static loop control only, at most ``limit`` of them; with the
-        datasets they touch, and the ``pc`` and loop counters after them."""
+        """Look ahead from ``pc`` and ``counters`` (the interpreter's, by default; changing
+        nothing): the compute instances of group ``g`` the program reaches through static loop
+        control only, at most ``limit`` of them; with the datasets they touch, and the ``pc``
+        and loop counters after them."""
         ops = self.program.ops
         stages = self.program.stages
         fusable = self._fusable
-        pc = self.pc
-        counters = list(self.counters)
+        pc = self.pc if pc is None else pc
+        counters = list(self.counters if counters is None else counters)
         instances: list[tuple[Stage, tuple[int, ...]]] = []
         datasets: set[int] = set()
         seen: set[int] = set()
@@ -135,14 +138,14 @@ class Fusion(WorkerCore):
     def _tune_fusion(self, task: Task, seconds: float) -> None:
         """Learn from a fused ``task`` that took ``seconds``: size the next stretches
         (:func:`stretch_budget`), and if it was one stage instance (communication on both
-        sides) of tasks of ``lone_task_s`` or more (and not the stage's first such stretch,
-        which includes loading or compiling the kernel), emit that stage's later instances as
-        ordinary tasks."""
+        sides, not a size limit) of tasks of ``lone_task_s`` or more (and not the stage's first
+        such stretch, which includes loading or compiling the kernel), emit that stage's later
+        instances as ordinary tasks."""
         stretch = task.stretch
         assert stretch is not None
         per_task = seconds / stretch.tasks
         self.max_fused = stretch_budget(per_task, len(stretch.idxs), self.config)
-        if len(stretch.instances) == 1:
+        if len(stretch.instances) == 1 and not stretch.limited:
             sid = stretch.instances[0][0].id
             if per_task >= self.config.lone_task_s and sid in self._timed_stages:
                 self.lone_stages.add(sid)

@@ -97,14 +97,16 @@ class Stretch:
     every dataset the instances touch. Compute stages read and write only same-index partitions,
     so running all instances on one index, then the next index, gives the same result as program
     order; the fused task holds a write access on every partition, so nothing else touches them
-    meanwhile. ``tasks`` is the number of ordinary tasks this stands for.
+    meanwhile. ``tasks`` is the number of ordinary tasks this stands for; ``limited`` whether
+    the worker's size limit, not the program's next communication, ended the stretch.
     """
 
-    __slots__ = ("instances", "idxs", "parts", "tasks", "written")
+    __slots__ = ("instances", "idxs", "parts", "tasks", "written", "limited")
 
     def __init__(self, instances: list[tuple[Stage, int, tuple[int, ...]]], idxs: list[int],
-                 parts: list[dict[int, Partition]]) -> None:
+                 parts: list[dict[int, Partition]], limited: bool = False) -> None:
         self.instances = instances
+        self.limited = limited
         self.idxs = idxs
         self.parts = parts
         self.tasks = len(instances) * len(idxs)
