@@ -63,8 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tol", type=float, default=1e-10)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if args.partitions < 1 or args.tol < 0:
-        ap.error(f"--partitions must be >= 1 and --tol >= 0, got {args.partitions} and {args.tol}")
+    # a nan or inf tolerance would end the loop before its first iteration: a wrong answer
+    if args.partitions < 1 or not 0 <= args.tol < np.inf:
+        ap.error(f"--partitions must be >= 1 and --tol a finite number >= 0, got "
+                 f"{args.partitions} and {args.tol}")
     return args
 
 

@@ -59,4 +59,10 @@ def test_local_product_is_the_partition_share_of_ata_v() -> None:
 def test_bad_arguments_are_refused_in_one_line() -> None:
     r = run_python("apps/power_iteration.py", "--partitions", "0")
     assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
-        "power_iteration.py: error: --partitions must be >= 1 and --tol >= 0, got 0 and 1e-10")
+        "power_iteration.py: error: --partitions must be >= 1 and --tol a finite number >= 0, "
+        "got 0 and 1e-10")
+    # a nan or inf tolerance ended the loop at once: "largest eigenvalue 0", exit 0
+    for tol in ("nan", "inf", "-1"):
+        with pytest.raises(SystemExit) as e:
+            pi.parse_args(["--tol", tol])
+        assert e.value.code == 2
