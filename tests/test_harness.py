@@ -173,6 +173,36 @@ def test_a_sum_gathers_pieces_in_the_dtype_numpy_adds_them_in() -> None:
 
 
 @pytest.mark.parametrize("n", [3, 20_000])  # moved inline (small) or by a gather task (large)
+@pytest.mark.parametrize(("dtype", "value", "says"), [
+    (np.int32, 2**30, "a 'sum' gather in int32 overflowed: the total of 4 x"),
+    (np.int64, 2**62, "a 'sum' gather in int64 overflowed"),
+    (np.int64, -(2**62) - 1, "a 'sum' gather in int64 overflowed"),
+    (np.uint8, 200, "a 'sum' gather in uint8 overflowed"),
+    (np.bool_, True, "a 'sum' gather of bool pieces would be a logical or"),
+])
+def test_an_integer_sum_that_overflows_or_a_bool_sum_fails_the_stage(
+        n: int, dtype: type, value: int, says: str) -> None:
+    # numpy wrapped 4 x 2**30 in int32 around to 0, and added bools as an or: exit 0, wrong
+    p = Program("ints")
+    a, s = p.dataset("a", 4), p.dataset("s", 1)
+    p.load([a], lambda i, _: np.full(n, value, dtype))
+    p.reduce(a, s, name="total")
+    p.report(s)
+    with pytest.raises(TaskError, match=r"stage 'total' \(id 1\), gather task on partition 0 "
+                                        rf"failed:\n{re.escape(says)}"):
+        canary.run_local(p, workers=2)
+    if dtype is not np.bool_:  # up to the edge of the range, the sum is exact
+        edge = np.iinfo(dtype).max // 4
+        q = Program("fits")
+        b, t = q.dataset("b", 4), q.dataset("t", 1)
+        q.load([b], lambda i, _: np.full(n, edge if value > 0 else -edge, dtype))
+        q.reduce(b, t)
+        q.report(t)
+        got = canary.run_local(q, workers=2).value("t")
+        assert got.dtype == dtype and (got == (4 * edge if value > 0 else -4 * edge)).all()
+
+
+@pytest.mark.parametrize("n", [3, 20_000])  # moved inline (small) or by a gather task (large)
 def test_a_sum_that_overflows_warns_naming_its_stage_not_canarys_code(n: int) -> None:
     # numpy's own warning pointed at worker/moves.py's `acc += p`
     p = Program("overflow")

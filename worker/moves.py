@@ -214,19 +214,42 @@ def gather_sum(pieces: list[np.ndarray]) -> np.ndarray:
     dtype numpy's ``+`` gives the pieces together (an int32 piece and int64 ones sum in int64,
     not wrapped around in the first piece's int32).
 
-    Raises :class:`GatherError` if the pieces' shapes differ: numpy would broadcast a piece of
-    one element over the others, a silent wrong answer."""
+    Raises :class:`GatherError` if the pieces' shapes differ (numpy would broadcast a piece of
+    one element over the others), if an integer sum overflows its dtype (numpy wraps around to
+    a wrong number, silently), or if every piece is bool (numpy's ``True + True`` is ``True``:
+    an or, where a sum's reader expects a count)."""
     first = pieces[0]
     dtypes = {p.dtype for p in pieces}  # a few at most: numpy 1 took 32 arguments at most
     acc = np.array(first, dtype=first.dtype if len(dtypes) == 1 else np.result_type(*dtypes),
                    copy=True)
+    if acc.dtype.kind == "b":
+        raise GatherError("a 'sum' gather of bool pieces would be a logical or in numpy "
+                          "(True + True is True), not a count; make the pieces integers "
+                          "(x.astype(np.int64)) to count them")
+    integers = acc.dtype.kind in "iu"
     shape = first.shape
     for p in pieces[1:]:
         if p.shape != shape:
             raise GatherError(f"a 'sum' gather adds pieces of one shape, got {_describe(pieces)}; "
                               "make every piece the same shape")
+        if integers and _overflows(acc, p):
+            raise GatherError(f"a 'sum' gather in {acc.dtype} overflowed: the total of "
+                              f"{_describe(pieces)} does not fit in {acc.dtype}, and numpy would "
+                              "wrap it around to a wrong number; make the pieces a wider type "
+                              "(np.int64) or float")
         acc += p
     return acc
+
+
+def _overflows(acc: np.ndarray, piece: np.ndarray) -> bool:
+    """Whether ``acc += piece`` would leave ``acc``'s integer dtype's range somewhere (every
+    bound below is computed without overflowing itself)."""
+    p = piece.astype(acc.dtype, copy=False)
+    info = np.iinfo(acc.dtype)
+    if acc.dtype.kind == "u":
+        return bool(np.any(acc > info.max - p))
+    return bool(np.any((p > 0) & (acc > info.max - np.maximum(p, 0)))
+                or np.any((p < 0) & (acc < info.min - np.minimum(p, 0))))
 
 
 class _FloatTrouble:
