@@ -28,6 +28,8 @@ Run: ``canary run -n 2 apps/kmeans.py`` (default: generated blobs 20000,10,8).
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 import time
 from typing import Any
 
@@ -104,6 +106,9 @@ def tolerance_kernel(mom: np.ndarray, centers: np.ndarray, state: np.ndarray) ->
     var = 0.0
     for j in range(d):
         var += m2[j] / n
+    if not math.isfinite(var):  # so do the squared distances: every point would be nearest 0
+        raise ValueError("the features' squared deviations overflow float64 (values of 1e154 "
+                         "or more): rescale the data, e.g. standardise each column")
     state[S_TOL] = var / d * state[S_TOLREL] if state[S_TOLREL] > 0 else 0.0
     return state
 
@@ -615,6 +620,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"final inertia {summary['inertia']:.12g} after {summary['iterations']} iterations",
           flush=True)
     print(json_line(summary), flush=True)
+    if not np.isfinite(r[1]):  # the data holds no nan or inf: the reader refuses them
+        print(f"{PROG}: error: the inertia overflowed float64 (squared distances past 1.8e308), "
+              "so the labels may be wrong: rescale the data, e.g. standardise each column",
+              file=sys.stderr, flush=True)
+        status = 1
     return status
 
 

@@ -145,6 +145,9 @@ def init_kernel(sq: np.ndarray, opt: np.ndarray) -> np.ndarray:
     """Set the step 1/L from the global sum of squares (Frobenius bound on the Hessian)."""
     n = sq[1]
     lip = 0.25 * (sq[0] + n) / n + opt[I_REG]
+    if not math.isfinite(lip):  # a step of 0: every iteration would leave w at 0
+        raise ValueError("the features' sum of squares overflows float64 (values of 1e154 or "
+                         "more): rescale the data, e.g. standardise each column")
     opt[I_STEP] = 1.0 / lip
     opt[I_N] = n
     return opt

@@ -212,6 +212,22 @@ def test_points_with_no_features_are_refused_in_one_line(tmp_path: Path) -> None
                              "(0 columns); k-means needs at least one\n")
 
 
+def test_data_whose_squares_overflow_is_refused_or_said_not_clustered(tmp_path: Path) -> None:
+    from tests.app_helpers import run_python
+
+    # the tolerance was inf: no iteration, every point in cluster 0, exit 0
+    np.save(tmp_path / "huge.npy", np.random.default_rng(0).normal(40, 3, (40, 2)) * 1e160)
+    prog, _ = km.build(km.parse_args(["--input", str(tmp_path / "huge.npy"), "--k", "3"]), 2)
+    with pytest.raises(canary.TaskError, match=r"stage 'tolerance_kernel'.*\n(.*\n)*ValueError: "
+                                               r"the features' squared deviations overflow"):
+        canary.run_local(prog, workers=2)
+    # deviations that fit, distances to the centre that do not: the answer is said to be wrong
+    np.save(tmp_path / "far.npy", np.vstack([np.full(100, 1e153), np.full(100, -1e153)]))
+    r = run_python("apps/kmeans.py", "--input", str(tmp_path / "far.npy"), "--k", "1")
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].startswith(
+        "kmeans.py: error: the inertia overflowed float64"), r.stderr
+
+
 def test_nearest_center_breaks_ties_to_the_lower_index_and_keeps_nan() -> None:
     centers = np.array([[9.0, 9.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     X = np.array([[1.0, 0.0], [0.0, 0.0], [5.0, 0.0], [np.nan, 0.0]])

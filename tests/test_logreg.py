@@ -160,3 +160,14 @@ def test_gradient_kernel_matches_numpy_across_loss_blocks(scale: float) -> None:
     want = np.concatenate([X.T @ r, [r.sum(), np.sum(np.logaddexp(0.0, z) - y * z), n]])
     got = lr.gradient_kernel(X, y, w)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * n)
+
+
+def test_features_whose_squares_overflow_are_refused_not_fitted(tmp_path: Path) -> None:
+    # the step 1/L was 0: 1000 iterations left w at 0, exit 0, "converged false"
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 3)) * 1e160
+    np.savez(tmp_path / "huge.npz", X=X, y=(X[:, 0] > 0).astype(float))
+    prog, _ = lr.build(lr.parse_args(["--input", str(tmp_path / "huge.npz")]), 2)
+    with pytest.raises(canary.TaskError, match=r"stage 'init_kernel'.*\n(.*\n)*ValueError: the "
+                                               r"features' sum of squares overflows float64"):
+        canary.run_local(prog, workers=2)
