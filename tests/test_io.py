@@ -510,6 +510,28 @@ def test_garbage_and_empty_files_say_what_they_are_not(tmp_path: Path, name: str
         assert "allow_pickle" not in str(err.value) and "\\x" not in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["d.npz", "d.h5"])
+def test_a_truncated_file_is_called_damaged_not_something_else(tmp_path: Path,
+                                                               name: str) -> None:
+    # it said "not an .npz file: not a zip archive; it is a zip archive"
+    whole = tmp_path / f"whole.{name.rsplit('.', 1)[1]}"
+    X = np.arange(600.0).reshape(200, 3)
+    if name.endswith(".npz"):
+        np.savez(whole, X=X, y=np.ones(200))
+    else:
+        with h5py.File(whole, "w") as f:
+            f["X"], f["y"] = X, np.ones(200)
+    p = tmp_path / name
+    data = whole.read_bytes()
+    p.write_bytes(data[:len(data) // 2])
+    kind = ".npz" if name.endswith(".npz") else "HDF5"
+    for read in _readers(name.rsplit(".", 1)[1]):
+        with pytest.raises(InputFormatError, match=rf"^{p}: a damaged or truncated {kind} file "
+                                                   rf"\({len(data) // 2} bytes.*: copy or save it "
+                                                   r"again$"):
+            read(p)
+
+
 def test_empty_text_files(tmp_path: Path) -> None:
     (tmp_path / "e.svm").write_bytes(b"")
     with pytest.raises(InputFormatError, match=r"e\.svm: no data rows"):

@@ -37,10 +37,12 @@ def check_exists(path: PathLike) -> str:
 
 
 #: How a binary file starts, for saying what a file given where text was expected is instead.
+ZIP_KIND = "; it is a zip archive (an .npz?)"  # what binary_kind says of them
+HDF5_KIND = "; it is an HDF5 file"
 _MAGIC = (
     (b"\x93NUMPY", "a NumPy .npy array"),
-    (b"PK\x03\x04", "a zip archive (an .npz?)"),
-    (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+    (b"PK\x03\x04", ZIP_KIND[len("; it is "):]),
+    (b"\x89HDF\r\n\x1a\n", HDF5_KIND[len("; it is "):]),
     (b"\x1f\x8b", "gzip-compressed: decompress it first"),
     (b"\xff\xfe", "UTF-16 text: save it as UTF-8 or ASCII"),
     (b"\xfe\xff", "UTF-16 text: save it as UTF-8 or ASCII"),

@@ -11,6 +11,8 @@ import numpy as np
 
 from canary.io import _kernels as K
 from canary.io._common import (
+    HDF5_KIND,
+    ZIP_KIND,
     InputFormatError,
     PathLike,
     binary_kind,
@@ -467,7 +469,13 @@ class _Arrays:
             try:
                 zf = zipfile.ZipFile(p)
             except zipfile.BadZipFile:
-                why = "the file is empty" if os.path.getsize(p) == 0 else "not a zip archive"
+                size = os.path.getsize(p)
+                if binary_kind(p) == ZIP_KIND:  # the start of one, the end missing
+                    raise InputFormatError(
+                        f"{p}: a damaged or truncated .npz file ({size} bytes: it starts as a "
+                        "zip archive, but its end is not one): copy or save it again"
+                    ) from None
+                why = "the file is empty" if size == 0 else "not a zip archive"
                 raise InputFormatError(
                     f"{p}: not an .npz file: {why}{binary_kind(p)} (expected "
                     "np.savez(path, X=..., y=...))"
@@ -499,7 +507,13 @@ class _Arrays:
                         y = _h5_array(p, h, "y")
                         self.y_shape, self.y_dtype = tuple(y.shape), y.dtype
             except OSError as exc:
-                why = "the file is empty" if os.path.getsize(p) == 0 else f"h5py: {exc}"
+                size = os.path.getsize(p)
+                if binary_kind(p) == HDF5_KIND:
+                    raise InputFormatError(
+                        f"{p}: a damaged or truncated HDF5 file ({size} bytes; h5py: {exc}): "
+                        "copy or save it again"
+                    ) from None
+                why = "the file is empty" if size == 0 else f"h5py: {exc}"
                 raise InputFormatError(
                     f"{p}: not an HDF5 file ({why}{binary_kind(p)}; expected datasets X and "
                     "optional y, as h5py writes them)"
