@@ -537,8 +537,13 @@ def test_empty_text_files(tmp_path: Path) -> None:
     with pytest.raises(InputFormatError, match=r"e\.svm: no data rows"):
         count_rows(tmp_path / "e.svm")
     (tmp_path / "e.txt").write_bytes(b"")
-    with pytest.raises(InputFormatError, match=r"e\.txt: no edges"):
+    with pytest.raises(InputFormatError, match=r"e\.txt: no edges \(expected at least one "
+                                               r"'SRC DST' line\)$"):
         count_edges(tmp_path / "e.txt")
+    np.save(tmp_path / "e.npy", np.empty((0, 2), np.int64))  # it was told of lines too
+    with pytest.raises(InputFormatError, match=r"e\.npy: no edges \(expected an \(m, 2\) "
+                                               r"integer array with m >= 1\)$"):
+        count_edges(tmp_path / "e.npy")
 
 
 def test_binary_file_under_a_text_name_is_named_by_its_magic(tmp_path: Path) -> None:

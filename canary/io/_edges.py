@@ -47,7 +47,9 @@ def count_edges(path: PathLike, allow_empty: bool = False) -> int:
     else:
         m = count_data_lines(p, _TEXT, _TEXT_EXPECTED)
     if m == 0 and not allow_empty:
-        raise InputFormatError(f"{p}: no edges (expected at least one 'SRC DST' line)")
+        expected = ("an (m, 2) integer array with m >= 1" if _is_npy(p)
+                    else "at least one 'SRC DST' line")
+        raise InputFormatError(f"{p}: no edges (expected {expected})")
     return m
 
 
