@@ -532,6 +532,21 @@ def test_a_truncated_file_is_called_damaged_not_something_else(tmp_path: Path,
             read(p)
 
 
+@pytest.mark.parametrize(("name", "text"), [("d.svm", b"1 1:0.5 2:1\r0 1:2 2:3\r"),
+                                           ("d.txt", b"0 1\r1 2\r2 0\r")])
+def test_carriage_return_line_endings_are_named(tmp_path: Path, name: str, text: bytes) -> None:
+    # counted as one row, then the load failed on "feature '0' has no ':'"
+    p = tmp_path / name
+    p.write_bytes(text)
+    count = count_edges if name.endswith(".txt") else count_rows
+    with pytest.raises(InputFormatError, match=rf"^{p}: not .*: its lines end in a carriage "
+                                               r"return alone \(old Mac line endings\)"):
+        count(p)
+    p.write_bytes(text.replace(b"\r", b"\r\n"))  # Windows line endings read as before
+    rows = count(p)
+    assert (rows[0] if isinstance(rows, tuple) else rows) == text.count(b"\r")
+
+
 def test_empty_text_files(tmp_path: Path) -> None:
     (tmp_path / "e.svm").write_bytes(b"")
     with pytest.raises(InputFormatError, match=r"e\.svm: no data rows"):

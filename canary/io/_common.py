@@ -296,11 +296,18 @@ def iter_line_blocks(
 
 def iter_text_blocks(path: str, what: str, expected: str) -> Iterator[tuple[int, bytes]]:
     """:func:`iter_line_blocks` over a whole file that must be text: raises :func:`not_text`
-    (InputFormatError) at the first NUL byte, before any caller counts garbage as rows."""
+    (InputFormatError) at the first NUL byte, before any caller counts garbage as rows; and
+    InputFormatError for lines that end in a carriage return alone (old Mac files), which
+    would be counted as one row and fail its parse far from the cause."""
     for off, block in iter_line_blocks(path):
         i = first_nul(block)
         if i >= 0:
             raise not_text(path, f"byte {off + i}", what, expected)
+        if off == 0 and b"\n" not in block and b"\r" in block:
+            raise InputFormatError(
+                f"{path}: not {what}: its lines end in a carriage return alone (old Mac line "
+                f"endings), so it reads as one line (expected {expected}); convert them to "
+                "newlines, e.g. tr '\\r' '\\n' < IN > OUT")
         yield off, block
 
 
