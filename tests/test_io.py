@@ -352,6 +352,10 @@ def test_binary_shape_errors(tmp_path: Path) -> None:
     np.save(s, np.array([["a", "b"]]))
     with pytest.raises(InputFormatError, match="expected a real numeric dtype"):
         count_rows(s)
+    t = tmp_path / "t.npy"  # numpy's type tree calls timedelta64 an integer
+    np.save(t, np.zeros((2, 3), "m8[s]"))
+    with pytest.raises(InputFormatError, match=r"dtype timedelta64\[s\] \(expected a real "):
+        count_rows(t)
 
 
 # ---------------------------------------------------------------------------
