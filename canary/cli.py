@@ -241,7 +241,10 @@ exit status:
            finished; canary names the rank (with --restarts K, canary relaunches the job
            from its last snapshot up to K times first)
   1        a rank exited with status 0 before the job finished (a rank that exits
-           with status C != 0 before then gives C)
+           with status C != 0 before then gives C), or MPI's process manager on a
+           host (hydra_pmi_proxy) died: its ranks are stopped, and a job whose
+           controller had finished is not 0 either (its last output may be lost);
+           mpiexec killed by signal S gives 128+S
   124      the time limit (--timeout, MPIEXEC_TIMEOUT) expired
   130      canary run was interrupted (Ctrl-C), 143: terminated (SIGTERM), 129: hung
            up (SIGHUP); the job was stopped

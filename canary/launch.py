@@ -37,13 +37,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from canary.env import CHECKPOINT_ENV
 from canary.mpich_shm import remove_orphans, remove_stale
-from canary.ranks import RunRecords, read_records, role
+from canary.ranks import Orphaned, RunRecords, read_records, role
 from canary.sentinel import (
     LAUNCHER,
     RUN_DIR,
@@ -73,6 +73,9 @@ _MPIEXEC_NOISE = re.compile(  # hydra's termination banner and Ctrl-C notices
     rb"|\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes as requested"
     rb"|Press Ctrl-C again to force abort)")
 _PROXY = re.compile(rb"\[proxy:[^\]]*\] ")  # a hydra proxy's own complaint
+# hydra's banner for the first of its processes that ended badly (under canary: a sentinel)
+_BAD_PID = re.compile(rb"=   PID (\d+) RUNNING AT (\S+)")
+_BAD_CODE = re.compile(rb"=   EXIT CODE: (\d+)")
 
 
 def is_hydra(mpiexec: str) -> bool:
@@ -137,6 +140,8 @@ class OutputFilter:
         self.aborts: dict[int, int] = {}  # rank -> the code it called MPI_Abort with
         self.timed_out: int | None = None  # hydra's MPIEXEC_TIMEOUT expired after this many s
         self.wrote_stderr: set[int] = set()  # ranks that printed anything on stderr
+        # the process hydra named first as ended badly: (pid, host, its exit code)
+        self.bad_end: tuple[int, str, int | None] | None = None
         self._proxy_lines: list[tuple[int, bytes]] = []
         self._raw = {STDOUT: b"", STDERR: b""}
         self._owner: dict[int, int | None] = {STDOUT: None, STDERR: None}
@@ -272,6 +277,12 @@ class OutputFilter:
         if m:
             self.timed_out = int(m.group(1))
             return
+        bad = _BAD_PID.fullmatch(text)
+        if bad and self.bad_end is None:
+            self.bad_end = (int(bad.group(1)), bad.group(2).decode(errors="replace"), None)
+        code = _BAD_CODE.fullmatch(text)
+        if code and self.bad_end is not None and self.bad_end[2] is None:
+            self.bad_end = (*self.bad_end[:2], int(code.group(1)))
         if _MPIEXEC_NOISE.fullmatch(text):
             return
         if _PROXY.match(text):
@@ -292,6 +303,8 @@ class JobEnd:
     wrote_stderr: set[int] = field(default_factory=set)
     host: str = ""  # this host's name: ranks elsewhere are named with their host
     checkpoint: str = ""  # the job's snapshot folder (canary run --checkpoint), if any
+    mpiexec_pid: int = 0
+    bad_end: tuple[int, str, int | None] | None = None  # see OutputFilter.bad_end
 
 
 _STOP_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
@@ -327,6 +340,11 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     named with how it ended; a rank that aborted the job on purpose has printed why, and its
     abort code is the status. 130/143/129: the launcher was interrupted (SIGINT), terminated
     (SIGTERM) or hung up (SIGHUP) and stopped the job. 124: mpiexec's time limit expired.
+
+    The job's output reaches ``canary run`` through mpiexec and MPI's process manager on each
+    host (hydra's proxy): when one of them died, the job is not 0 even if the controller
+    finished, since its last lines may be lost (128 + signal for a killed mpiexec, 1 for a
+    lost process manager).
     """
     rec = end.records
     if end.stopped_by is not None:
@@ -347,10 +365,38 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         return f"{role(rank)[:-1]}, pid {start.pid}{where})"
 
     unfinished = sorted(r for r in rec.starts if r not in rec.ends)
+    finished = rec.ends.get(0) == 0
+    cut_short = ("the controller had finished, but its last output may not have reached "
+                 "canary run: check the job's output files")
+    if end.mpiexec_status < 0:  # not stopped by canary run: killed by someone else
+        phrase, status = how_it_ended(end.mpiexec_status)
+        who = f"mpiexec (pid {end.mpiexec_pid})" if end.mpiexec_pid else "mpiexec"
+        if finished:
+            return status, [f"canary: {who} {phrase} as the job ended: {cut_short}"]
+        left = (f"; the ranks it left ({', '.join(name(r) for r in unfinished)}) were stopped"
+                if unfinished else "")
+        return status, [f"canary: {who} {phrase} before the job finished{left}; {_lost(end)}"]
+    managers = _lost_managers(rec)
+    if managers:
+        host0 = rec.starts[0].host if 0 in rec.starts else None
+        who = "; ".join(f"{m.manager} (pid {m.pid}"
+                         + ("" if host == end.host else f" on {host}")
+                         + f", which ran {', '.join(role(r) for r in ranks)})"
+                         for host, m, ranks in managers)
+        if finished and all(host != host0 and 0 not in ranks for host, _, ranks in managers):
+            return 0, [f"canary: note: MPI's process manager {who} died after the controller had "
+                       "finished the job; the results are complete"]
+        if finished:
+            return 1, [f"canary: MPI's process manager {who} died as the job ended: {cut_short}"]
+        return 1, [f"canary: MPI's process manager {who} died before the job finished (was it "
+                   f"killed, or out of memory?), and its ranks were stopped; {_lost(end)}"]
     # the ranks that ended first (the others were killed while MPI cleaned up), not on purpose
     died = sorted((r for r in rec.gone if r not in end.aborts), key=lambda r: rec.gone[r].time)
     if 0 in rec.ends:
         status, lines = rec.ends[0], []
+        if status == 0 and not unfinished and end.mpiexec_status > 0:
+            return 1, [f"canary: mpiexec exited with status {end.mpiexec_status} though every "
+                       f"rank had finished (MPI's process manager failed): {cut_short}"]
         if status == 0:
             for r in unfinished:
                 how = how_it_ended(rec.gone[r].returncode)[0] if r in rec.gone else "ended"
@@ -382,6 +428,17 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         lines = [] if said else [f"canary: {name(r)} ended the job with MPI_Abort({code})"
                                  for r, code in end.aborts.items() if r not in end.wrote_stderr]
         return status, lines  # the others have said why
+    # nothing else said how: hydra's banner names a process that ended badly, and a sentinel
+    # that was killed could not note its rank's end (hydra names one of those it killed too,
+    # so this comes last)
+    sentinel = _killed_sentinel(end)
+    if sentinel is not None:
+        rank, code = sentinel
+        phrase, status = how_it_ended(-code) if 0 < code < 65 else how_it_ended(code)
+        return status, [f"canary: a rank's sentinel ended before the job finished without noting "
+                        f"how its rank ended: it was killed (hydra names the sentinel, pid "
+                        f"{rec.starts[rank].sentinel}, of {name(rank)}, which {phrase}, but may "
+                        f"name one it stopped itself); {_lost(end)}"]
     if not rec.starts:  # the ranks could not record (another host, or another MPI): trust mpiexec
         code = end.mpiexec_status
         return (code if code >= 0 else 128 - code), []
@@ -389,6 +446,30 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     names = ", ".join(name(r) for r in unfinished)
     return status, [f"canary: the job ended before it finished ({names} did not finish); "
                     f"{_lost(end)}"]
+
+
+def _lost_managers(rec: RunRecords) -> list[tuple[str, Orphaned, list[int]]]:
+    """The process managers whose death the ranks' sentinels saw, first first: (host, what
+    the sentinels noted, the ranks they stopped)."""
+    found: dict[tuple[str, int], tuple[Orphaned, list[int]]] = {}
+    for r in sorted(rec.orphaned, key=lambda r: rec.orphaned[r].time):
+        o = rec.orphaned[r]
+        start = rec.starts.get(r)
+        found.setdefault((start.host if start else "?", o.pid), (o, []))[1].append(r)
+    return [(host, o, sorted(ranks)) for (host, _), (o, ranks) in found.items()]
+
+
+def _killed_sentinel(end: JobEnd) -> tuple[int, int] | None:
+    """The rank whose sentinel hydra named first as ended badly, and hydra's exit code for it
+    (a signal's number for a killed process), or None: a sentinel that was killed could not
+    note how its rank ended."""
+    if end.bad_end is None:
+        return None
+    pid, host, code = end.bad_end
+    for start in end.records.starts.values():
+        if start.sentinel == pid and start.host == host and code is not None:
+            return start.rank, code
+    return None
 
 
 # -- supervising mpiexec -------------------------------------------------------------------
@@ -472,6 +553,10 @@ def rank_lost(end: JobEnd, status: int) -> bool:
     if status == 0 or end.stopped_by is not None or end.timed_out is not None:
         return False
     rec = end.records
+    if end.mpiexec_status < 0 or rec.orphaned or (
+            not rec.gone and not end.aborts and not any(rec.ends.values())
+            and _killed_sentinel(end) is not None):
+        return True  # the process manager, or a rank's sentinel, is lost
     if rec.gone:  # a sentinel saw its rank end without finishing
         return any(r not in end.aborts for r in rec.gone)
     # no records of the ranks (on other hosts, say): a signal is all there is to go on
@@ -510,13 +595,15 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
                 stopper.escalate(time.monotonic())
         records = read_records(folder)
         _end_leftover_ranks(records)
+        # a sentinel whose process manager died notes it, then stops its rank (seconds)
+        records = replace(records, orphaned=read_records(folder).orphaned)
         if proc.returncode != 0:  # killed ranks leave MPICH's shared memory behind
             remove_orphans(started)
         end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname(),
-                     checkpoint=env.get(CHECKPOINT_ENV, ""))
+                     checkpoint=env.get(CHECKPOINT_ENV, ""), mpiexec_pid=proc.pid)
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
-            end.wrote_stderr = filt.wrote_stderr
+            end.wrote_stderr, end.bad_end = filt.wrote_stderr, filt.bad_end
         status, lines = verdict(end)
         _writer(sys.stderr)("".join(f"{line}\n" for line in lines).encode())
         return status, rank_lost(end, status)

@@ -32,7 +32,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -76,13 +76,25 @@ class Gone:
 
 
 @dataclass(frozen=True)
+class Orphaned:
+    """A rank whose sentinel saw the process that started it (MPI's process manager on its
+    host: MPICH's ``hydra_pmi_proxy``) die, and then stopped the rank."""
+
+    manager: str  # that process's name
+    pid: int
+    time: float  # when the sentinel saw it go (time.time())
+
+
+@dataclass(frozen=True)
 class RunRecords:
     """Everything the ranks of one run recorded: who started, who ended by itself with which
-    status, and who ended without finishing (with the time its sentinel saw it go)."""
+    status, who ended without finishing (with the time its sentinel saw it go), and who lost
+    its process manager."""
 
     starts: dict[int, RankStart]
     ends: dict[int, int]
     gone: dict[int, Gone]
+    orphaned: dict[int, Orphaned] = field(default_factory=dict)
 
 
 def read_records(folder: str | os.PathLike[str]) -> RunRecords:
@@ -90,6 +102,7 @@ def read_records(folder: str | os.PathLike[str]) -> RunRecords:
     starts: dict[int, RankStart] = {}
     ends: dict[int, int] = {}
     gone: dict[int, Gone] = {}
+    orphaned: dict[int, Orphaned] = {}
     for path in sorted(Path(folder).glob("*-*.json")):
         kind = path.stem.partition("-")[0]
         try:
@@ -102,9 +115,12 @@ def read_records(folder: str | os.PathLike[str]) -> RunRecords:
                 ends[rank] = int(data["status"])
             elif kind == "gone":
                 gone[rank] = Gone(int(data["returncode"]), float(data["time"]))
+            elif kind == "orphaned":
+                orphaned[rank] = Orphaned(str(data["manager"]), int(data["pid"]),
+                                          float(data["time"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return RunRecords(starts, ends, gone)
+    return RunRecords(starts, ends, gone, orphaned)
 
 
 @dataclass(frozen=True)

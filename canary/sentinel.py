@@ -18,6 +18,14 @@ It does three things:
   then SIGKILL after :data:`STOP_GRACE` seconds. It watches the launcher only when the launcher
   runs on its host (same host name, and the pid's start time matches, so a recycled pid or
   another pid namespace is never mistaken for it).
+* When the process that started it is gone (MPI's process manager on this host: MPICH's
+  ``hydra_pmi_proxy``), the rank's output and its link to MPI are gone with it: the job cannot
+  end well. It writes ``orphaned-R.json`` naming that process, then stops the rank as above,
+  so that the job ends at once instead of hanging with its answer lost.
+* Under hydra the rank inherits only its standard streams and its PMI socket (``PMI_FD``),
+  and the sentinel keeps no other descriptor it inherited: hydra leaks its proxy's pipes and
+  sockets into every process it starts, and while a rank held them, mpiexec never saw a
+  killed proxy's streams close and waited for ever.
 
 Without a run folder and a rank in the environment it just runs the command in its place.
 """
@@ -39,6 +47,8 @@ RUN_DIR = "CANARY_RUN_DIR"  # the run folder the launcher made
 RUN_RANKS = "CANARY_RUN_RANKS"  # how many ranks the job has
 LAUNCHER = "CANARY_LAUNCHER"  # "PID START HOST": the launcher process
 SENTINEL = "CANARY_SENTINEL"  # the sentinel's pid, for the rank's start record
+HYDRA_PROXY = "HYDI_CONTROL_FD"  # set by MPICH's hydra proxy in what it starts
+PMI_FD = "PMI_FD"  # hydra's: the socket a rank talks to its proxy through
 # Where MPI launchers put a process's rank (MPICH/hydra, Open MPI, PMIx): reading them leaves
 # ``import mpi4py.MPI`` (and its rc settings) to the driver.
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -187,22 +197,70 @@ def die_with_parent(sig: int) -> Callable[[], None] | None:
     return preexec
 
 
-def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | None) -> int:
+def inherited_fds(environ: Mapping[str, str]) -> tuple[int, ...] | None:
+    """The descriptors beyond 0-2 that the rank needs from its sentinel: under MPICH's hydra
+    (its proxy's variable is set) only the PMI socket (``PMI_FD``, if given); None under
+    another launcher, whose rank inherits everything, as it would without a sentinel."""
+    if HYDRA_PROXY not in environ:
+        return None
+    fd = environ.get(PMI_FD, "")
+    return (int(fd),) if fd.isdigit() else ()
+
+
+def close_other_fds(keep: tuple[int, ...]) -> None:
+    """Close every descriptor of this process but 0-2 and ``keep`` (those hydra leaked)."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return  # no /proc: nothing is known to be open
+    for fd in fds:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:  # the listing's own descriptor, closed already
+                pass
+
+
+def process_name(pid: int) -> str:
+    """The program name of process ``pid`` (``hydra_pmi_proxy``), or "" if unknown."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | None,
+                   parent: int | None = None, fds: tuple[int, ...] | None = None) -> int:
     """Run the rank ``command`` as a child until it ends, as the module docstring says.
 
+    ``parent``: the process that started the sentinel (MPI's process manager), watched like
+    the launcher. ``fds``: the descriptors beyond 0-2 the rank inherits (None: all).
     Returns its returncode in :mod:`subprocess`'s convention (negative: killed by that signal).
     """
-    child = subprocess.Popen(command, close_fds=False, preexec_fn=die_with_parent(signal.SIGKILL),
+    manager = process_name(parent) if parent is not None else ""
+    child = subprocess.Popen(command, close_fds=fds is not None, pass_fds=fds or (),
+                             preexec_fn=die_with_parent(signal.SIGKILL),
                              env=dict(os.environ, **{SENTINEL: str(os.getpid())}))
+    # PMI_FD stays open here too: hydra takes its closing for the rank's end and kills every
+    # rank at once, before this sentinel could note how its rank ended
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
     launcher_gone = False
     while True:
-        if wait_for_exit([child.pid] if launcher is None else [child.pid, launcher]) == child.pid:
+        ended = wait_for_exit([p for p in (child.pid, launcher, parent) if p is not None])
+        if ended == child.pid:
             break
-        # The launcher is gone: nobody will collect this run, and the job must not outlive it.
-        launcher_gone, launcher = True, None
-        shutil.rmtree(folder, ignore_errors=True)
+        if ended == parent:
+            # MPI's process manager is gone: the rank's output goes nowhere, and the job
+            # cannot finish; say so before the rank is stopped (its end is not the cause)
+            write_record(folder, "orphaned", rank, {"rank": rank, "manager": manager or "?",
+                                                    "pid": parent, "time": time.time()})
+            parent = None
+        else:
+            # The launcher is gone: nobody will collect this run, and the job must not outlive it.
+            launcher_gone, launcher = True, None
+            shutil.rmtree(folder, ignore_errors=True)
         stop_process(child.pid)
     code = child.wait()
     if not launcher_gone and not os.path.exists(record_path(folder, "end", rank)):
@@ -236,7 +294,11 @@ def main(argv: list[str]) -> None:
     if not folder or rank is None or not os.path.isdir(folder):
         os.execvp(argv[0], argv)  # nothing to record here: be the rank
     launcher = visible_launcher(os.environ.get(LAUNCHER, ""))
-    exit_like(supervise_rank(argv, folder, rank, launcher))
+    fds = inherited_fds(os.environ)
+    if fds is not None:
+        close_other_fds(fds)
+    parent = os.getppid()
+    exit_like(supervise_rank(argv, folder, rank, launcher, parent if parent > 1 else None, fds))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -23,11 +24,12 @@ from canary.launch import (
     JobEnd,
     OutputFilter,
     how_it_ended,
+    rank_lost,
     sentinel_command,
     supervise_job,
     verdict,
 )
-from canary.ranks import Gone, RankRun, RankStart, RunRecords, read_records
+from canary.ranks import Gone, Orphaned, RankRun, RankStart, RunRecords, read_records
 from canary.sentinel import LAUNCHER, RUN_DIR, RUN_RANKS, process_start_time, write_record
 from tests.conftest import ROOT
 
@@ -214,11 +216,52 @@ def test_stopping_and_time_limit_are_one_line_each() -> None:
 
 def test_without_records_mpiexec_is_trusted_and_a_late_death_does_not_undo_success() -> None:
     assert verdict(end(RunRecords({}, {}, {}), 3)) == (3, [])
-    assert verdict(end(RunRecords({}, {}, {}), -9)) == (137, [])
+    assert verdict(end(RunRecords({}, {}, {}), -9)) == (137, [
+        f"canary: mpiexec was killed by SIGKILL before the job finished; {LOST}"])
     status, lines = verdict(end(records(ends={0: 0, 1: 0}, gone={2: (-9, 1.0)}), 9))
     assert status == 0 and lines == [
         "canary: note: rank 2 (worker 1, pid 102) was killed by SIGKILL after the controller had "
         "finished the job; the results are complete"]
+
+
+def test_a_killed_mpiexec_or_process_manager_is_never_success_and_is_named() -> None:
+    done = records(ends={0: 0, 1: 0, 2: 0})
+    # mpiexec killed as the job ended: the controller's last lines may not have come through
+    status, lines = verdict(end(done, -9, mpiexec_pid=77))
+    assert status == 137 and lines[0].startswith(
+        "canary: mpiexec (pid 77) was killed by SIGKILL as the job ended: the controller had "
+        "finished, but its last output may not have reached canary run")
+    status, lines = verdict(end(records(ends={1: 0}), -15, mpiexec_pid=77))
+    assert status == 143 and lines == [
+        "canary: mpiexec (pid 77) was killed by SIGTERM before the job finished; the ranks it "
+        "left (rank 0 (controller, pid 100), rank 2 (worker 1, pid 102)) were stopped; "
+        f"{LOST}"]
+    # hydra's proxy of this host died: its ranks' sentinels noted it and stopped them
+    lost = {r: Orphaned("hydra_pmi_proxy", 55, 1.0) for r in range(3)}
+    rec = RunRecords(records().starts, {}, {r: Gone(-15, 2.0) for r in range(3)}, lost)
+    status, lines = verdict(end(rec, 255))
+    assert status == 1 and lines == [
+        "canary: MPI's process manager hydra_pmi_proxy (pid 55, which ran rank 0 (controller), "
+        "rank 1 (worker 0), rank 2 (worker 1)) died before the job finished (was it killed, or "
+        f"out of memory?), and its ranks were stopped; {LOST}"]
+    assert rank_lost(end(rec, 255), status)  # --restarts relaunches it
+    late = RunRecords(records().starts, {0: 0, 1: 0}, {}, {2: lost[2]})
+    assert verdict(end(late, 255))[0] == 1  # the controller's host: its output went through it
+    # every rank finished, yet hydra failed: its proxy died with the last lines
+    assert verdict(end(done, 255))[0] == 1
+
+
+def test_a_killed_sentinel_is_said_with_what_hydra_names() -> None:
+    f = OutputFilter(ranks=3)
+    f.feed(STDOUT, b"=" * 83 + b"\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n"
+           b"=   PID 201 RUNNING AT here\n=   EXIT CODE: 9\n", now=0.0)
+    f.finish()
+    assert written(f) == [] and f.bad_end == (201, "here", 9)
+    status, lines = verdict(end(records(), 9, bad_end=f.bad_end))
+    assert status == 137 and lines == [
+        "canary: a rank's sentinel ended before the job finished without noting how its rank "
+        "ended: it was killed (hydra names the sentinel, pid 201, of rank 1 (worker 0, pid 101), "
+        f"which was killed by SIGKILL, but may name one it stopped itself); {LOST}"]
 
 
 class FakeMpiexec:
@@ -409,6 +452,39 @@ def test_the_sentinel_stops_its_rank_when_the_launcher_is_gone(tmp_path: Path) -
     finally:
         launcher.kill()
         launcher.wait()
+
+
+def test_a_sentinel_whose_process_manager_dies_stops_its_rank_and_keeps_none_of_its_pipes(
+        tmp_path: Path) -> None:
+    # a stand-in for hydra's proxy: it leaks a pipe to mpiexec (here: to the test) into the
+    # sentinel it starts, and is killed while the rank runs
+    up = tmp_path / "up"
+    r, w = os.pipe()
+    proxy = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         "subprocess.Popen(sys.argv[1:], close_fds=False); time.sleep(120)",
+         *sentinel_command(), sys.executable, "-c",
+         f"import pathlib, time; pathlib.Path({str(up)!r}).touch(); time.sleep(120)"],
+        pass_fds=(w,), env=run_env(tmp_path, HYDI_CONTROL_FD="7"))
+    os.close(w)
+    try:
+        deadline = time.monotonic() + 60
+        while not up.exists():
+            assert time.monotonic() < deadline and proxy.poll() is None
+            time.sleep(0.05)
+        proxy.kill()
+        # mpiexec sees the proxy's streams close: neither the sentinel nor the rank holds them
+        # (before, they did, and hydra waited for ever)
+        assert select.select([r], [], [], 30)[0] == [r] and os.read(r, 1) == b""
+        while not (rec := read_records(tmp_path)).gone:  # ... and the rank is stopped
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert list(rec.orphaned) == [0] and rec.orphaned[0].pid == proxy.pid
+        assert rec.gone[0].returncode == -signal.SIGTERM
+    finally:
+        proxy.kill()
+        proxy.wait()
+        os.close(r)
 
 
 def test_supervise_passes_another_mpis_output_through_and_reads_the_records(
