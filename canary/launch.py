@@ -49,6 +49,7 @@ from canary.sentinel import (
     RUN_DIR,
     RUN_RANKS,
     die_with_parent,
+    process_name,
     process_start_time,
     stop_process,
     wait_for_exit,
@@ -56,6 +57,7 @@ from canary.sentinel import (
 
 STDOUT, STDERR = 1, 2
 STOP_GRACE = 5.0  # seconds mpiexec gets to end the job after SIGTERM before SIGKILL
+BOOTSTRAP_GRACE = 5.0  # seconds mpiexec may go without a child before it is taken for stuck
 HOLD = 2.0  # seconds a line of a rank other than 0 waits for rank 0 to print the same
 REMEMBERED = 1000  # lines of rank 0 kept per rank and stream to match later duplicates
 # Tag hydra puts before every line of a rank (%r: its rank). The control characters cannot be
@@ -304,6 +306,7 @@ class JobEnd:
     host: str = ""  # this host's name: ranks elsewhere are named with their host
     checkpoint: str = ""  # the job's snapshot folder (canary run --checkpoint), if any
     mpiexec_pid: int = 0
+    stuck: str | None = None  # mpiexec's child whose end made the launcher stop the job
     bad_end: tuple[int, str, int | None] | None = None  # see OutputFilter.bad_end
 
 
@@ -353,6 +356,11 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         if end.checkpoint:  # where it can go on from
             line += f"; {_lost(end)}"
         return 128 + end.stopped_by, [line]
+    if end.stuck is not None:
+        return 1, [f"canary: mpiexec waited for {end.stuck} with none left running, and was "
+                   "stopped: the srun or ssh that starts MPI's process manager on each host "
+                   "failed (see its message above; under Slurm, does `srun hostname` work "
+                   f"here?); {_lost(end)}"]
     if end.timed_out is not None:
         return 124, [f"canary: the job ran past its time limit of {end.timed_out} s "
                      f"(--timeout or MPIEXEC_TIMEOUT) and was stopped; {_lost(end)}"]
@@ -485,6 +493,7 @@ class _Stopper:
         self.since = 0.0
         self.proc: subprocess.Popen[bytes] | None = None
         self.forced = False
+        self.stuck: str | None = None  # the launcher's own reason to stop mpiexec
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -503,6 +512,13 @@ class _Stopper:
         elif signum == signal.SIGINT:  # a second Ctrl-C: no more waiting
             self._kill()
 
+    def stop(self, why: str) -> None:
+        """Stop mpiexec as for a signal (SIGTERM, SIGKILL after the grace), for ``why``."""
+        if self.signum is None and self.stuck is None:
+            self.stuck, self.since = why, time.monotonic()
+            if self.proc is not None and self.proc.returncode is None:
+                self.proc.send_signal(signal.SIGTERM)
+
     def started(self, proc: subprocess.Popen[bytes] | None) -> None:
         """mpiexec is running as ``proc``: stop it at once if a signal came first."""
         self.proc = proc
@@ -511,13 +527,54 @@ class _Stopper:
 
     def escalate(self, now: float) -> None:
         """SIGKILL mpiexec if it has not ended :data:`STOP_GRACE` seconds after SIGTERM."""
-        if self.signum is not None and now - self.since > STOP_GRACE:
+        if (self.signum is not None or self.stuck is not None) and now - self.since > STOP_GRACE:
             self._kill()
 
     def _kill(self) -> None:
         if not self.forced and self.proc is not None and self.proc.returncode is None:
             self.forced = True
             self.proc.kill()
+
+
+class BootstrapWatch:
+    """Notices that mpiexec waits for process managers that will never come.
+
+    mpiexec runs MPI's process manager of its own host as its child, and starts those of other
+    hosts through children that live as long as they do (``srun`` under Slurm, one ``ssh`` a
+    host). An mpiexec left without any child for ``grace`` seconds waits for managers that
+    are gone or never started (``srun`` refused the step), and MPICH's hydra would wait for
+    them for ever. :meth:`update` takes mpiexec's children (pid -> program name) as seen now.
+    """
+
+    def __init__(self, grace: float = BOOTSTRAP_GRACE) -> None:
+        self.grace = grace
+        self.seen: dict[int, str] = {}
+        self.alone_since: float | None = None
+
+    def update(self, children: dict[int, str], now: float) -> str | None:
+        """What mpiexec has waited for in vain once it has had no child for ``grace``
+        seconds (``its process managers (srun, pid 12, ended)``), else None."""
+        self.seen.update({p: n for p, n in children.items()
+                          if n in ("srun", "ssh", "rsh", "hydra_pmi_proxy")})
+        if children:
+            self.alone_since = None
+            return None
+        if self.alone_since is None:
+            self.alone_since = now
+        if now - self.alone_since < self.grace:
+            return None
+        ended = ", ".join(f"{name}, pid {pid}" for pid, name in self.seen.items())
+        return f"its process managers ({ended} ended)" if ended else "its process managers"
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The children of process ``pid`` with their program names (Linux; else none)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            pids = [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return {}
+    return {p: process_name(p) for p in pids}
 
 
 def _writer(stream: TextIO) -> Callable[[bytes], None]:
@@ -550,7 +607,8 @@ def rank_lost(end: JobEnd, status: int) -> bool:
     """Whether the job ended because a rank died (killed, out of memory, its host lost), not
     because the driver or a kernel failed, the launcher stopped it or its time ran out: the
     case a relaunch from a snapshot recovers (``canary run --restarts``)."""
-    if status == 0 or end.stopped_by is not None or end.timed_out is not None:
+    if status == 0 or end.stopped_by is not None or end.timed_out is not None \
+            or end.stuck is not None:
         return False
     rec = end.records
     if end.mpiexec_status < 0 or rec.orphaned or (
@@ -585,14 +643,22 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
             preexec_fn=die_with_parent(signal.SIGTERM),
             stdout=subprocess.PIPE if hydra else None, stderr=subprocess.PIPE if hydra else None)
         stopper.started(proc)
+        watch = BootstrapWatch(BOOTSTRAP_GRACE)
+
+        def check(now: float) -> None:
+            stopper.escalate(now)
+            lost = watch.update(_children(proc.pid), now) if proc.poll() is None else None
+            if lost is not None:
+                stopper.stop(lost)
+
         filt = OutputFilter(ranks) if hydra else None
         if filt is not None:
-            _pump(proc, filt, stopper)
+            _pump(proc, filt, stopper, check)
         while proc.returncode is None:
             try:
                 proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
-                stopper.escalate(time.monotonic())
+                check(time.monotonic())
         records = read_records(folder)
         _end_leftover_ranks(records)
         # a sentinel whose process manager died notes it, then stops its rank (seconds)
@@ -600,7 +666,8 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
         if proc.returncode != 0:  # killed ranks leave MPICH's shared memory behind
             remove_orphans(started)
         end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname(),
-                     checkpoint=env.get(CHECKPOINT_ENV, ""), mpiexec_pid=proc.pid)
+                     checkpoint=env.get(CHECKPOINT_ENV, ""), mpiexec_pid=proc.pid,
+                     stuck=stopper.stuck)
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
             end.wrote_stderr, end.bad_end = filt.wrote_stderr, filt.bad_end
@@ -612,7 +679,8 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper) -> None:
+def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper,
+          check: Callable[[float], None]) -> None:
     """Pass mpiexec's output through ``filt`` until both streams end (or mpiexec has ended
     and a process it left behind still holds them)."""
     assert proc.stdout is not None and proc.stderr is not None
@@ -632,7 +700,7 @@ def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper) 
         filt.tick(now)
         for stream, data in filt.take():
             sinks[stream](data)
-        stopper.escalate(now)
+        check(now)
         if proc.poll() is not None:
             ended_at = ended_at or now
             if now - ended_at > 1.0:
@@ -640,7 +708,7 @@ def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper) 
     sel.close()
     proc.stdout.close()
     proc.stderr.close()
-    filt.finish(stopped=stopper.signum is not None)
+    filt.finish(stopped=stopper.signum is not None or stopper.stuck is not None)
     for stream, data in filt.take():
         sinks[stream](data)
 

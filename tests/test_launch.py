@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from canary import launch
 from canary.launch import (
     LOST,
     STDERR,
     STDOUT,
+    BootstrapWatch,
     JobEnd,
     OutputFilter,
     how_it_ended,
@@ -262,6 +264,30 @@ def test_a_killed_sentinel_is_said_with_what_hydra_names() -> None:
         "canary: a rank's sentinel ended before the job finished without noting how its rank "
         "ended: it was killed (hydra names the sentinel, pid 201, of rank 1 (worker 0, pid 101), "
         f"which was killed by SIGKILL, but may name one it stopped itself); {LOST}"]
+
+
+def test_bootstrap_watch_stops_an_mpiexec_left_without_process_managers() -> None:
+    watch = BootstrapWatch(grace=5.0)
+    assert watch.update({}, 0.0) is None  # starting
+    assert watch.update({10: "srun"}, 1.0) is None
+    assert watch.update({}, 2.0) is None  # srun failed ...
+    assert watch.update({}, 7.0) == "its process managers (srun, pid 10 ended)"  # ... for good
+    assert watch.update({11: "hydra_pmi_proxy"}, 8.0) is None
+
+
+def test_supervise_stops_an_mpiexec_that_waits_for_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # hydra whose srun failed: it waits, childless, for process managers that never come
+    monkeypatch.setattr(launch, "BOOTSTRAP_GRACE", 0.3)
+    env = run_env(tmp_path)
+    del env[RUN_DIR]
+    status, lost = supervise_job([sys.executable, "-c", "import time; time.sleep(30)"], env,
+                                 ranks=1, hydra=False)
+    assert status == 1 and not lost
+    assert capfd.readouterr().err.startswith(
+        "canary: mpiexec waited for its process managers with none left running, and was "
+        "stopped: the srun or ssh")
 
 
 class FakeMpiexec:
