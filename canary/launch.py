@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from canary.env import CHECKPOINT_ENV
-from canary.mpich_shm import remove_orphans, remove_stale
+from canary.mpich_shm import remove_orphan_topologies, remove_orphans, remove_stale
 from canary.ranks import Orphaned, RunRecords, read_records, role
 from canary.sentinel import (
     LAUNCHER,
@@ -665,6 +665,7 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
         records = replace(records, orphaned=read_records(folder).orphaned)
         if proc.returncode != 0:  # killed ranks leave MPICH's shared memory behind
             remove_orphans(started)
+            remove_orphan_topologies(started)  # and a killed proxy its topology file
         end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname(),
                      checkpoint=env.get(CHECKPOINT_ENV, ""), mpiexec_pid=proc.pid,
                      stuck=stopper.stuck)

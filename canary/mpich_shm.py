@@ -12,6 +12,10 @@ failed job would keep its file's memory until the machine restarts. So:
   made or written since the job started and that no process maps any more
   (:func:`remove_orphans`): those of ranks that were killed. (tmpfs dates a file by its last
   write, so its age cannot tell an orphan from a file being made.)
+* ``canary run``, after a job that did not end well, also removes the topology files of
+  MPICH's hydra (``/tmp/hydra_hwloc_xmlfile_*``) made since the job started that no process
+  holds open (:func:`remove_orphan_topologies`): each host's proxy makes one, holds it open,
+  and removes it when it ends well; a killed proxy or mpiexec leaves it.
 * ``canary run``, before each job, removes this user's files that no process maps and that
   have not changed for a minute (:func:`remove_stale`): those a job left when nothing was
   there to clean up after it (its ``canary run`` killed with SIGKILL, a plain ``mpiexec``).
@@ -25,6 +29,8 @@ from collections.abc import Iterable
 
 PREFIX = "mpich_shm_"
 SHM_FOLDER = "/dev/shm"
+TOPOLOGY_PREFIX = "hydra_hwloc_xmlfile_"  # hydra's proxy makes it in /tmp, whatever TMPDIR says
+TOPOLOGY_FOLDER = "/tmp"
 
 
 def mapped_segments(maps: Iterable[str]) -> list[str]:
@@ -133,13 +139,14 @@ def _changed_since(folder: str, since: float) -> dict[str, float]:
     return {path: changed for path, changed in _own_files(folder).items() if changed >= since}
 
 
-def _own_files(folder: str) -> dict[str, float]:
-    """This user's MPICH files in ``folder``, with when each last changed (its ctime)."""
+def _own_files(folder: str, prefix: str = PREFIX) -> dict[str, float]:
+    """This user's MPICH files (named ``prefix``...) in ``folder``, with when each last changed
+    (its ctime)."""
     found = {}
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
-                if not entry.name.startswith(PREFIX):
+                if not entry.name.startswith(prefix):
                     continue
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -166,3 +173,32 @@ def _mapped_anywhere() -> set[str]:
         except OSError:  # gone, or another user's
             continue
     return in_use
+
+
+def remove_orphan_topologies(since: float, folder: str = TOPOLOGY_FOLDER) -> list[str]:
+    """Remove this user's hydra topology files in ``folder`` made or changed at ``since`` (a
+    ``time.time()``) or later that no process holds open; return their paths. A running
+    proxy holds its file open from making it to removing it. Never raises."""
+    new = {path for path, changed in _own_files(folder, TOPOLOGY_PREFIX).items()
+           if changed >= since}
+    return _unlink(new - _open_anywhere()) if new else []
+
+
+def _open_anywhere() -> set[str]:
+    """The paths held open by the processes whose descriptors this user can read."""
+    held: set[str] = set()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return held
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or another user's
+            continue
+        for fd in fds:
+            try:
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+    return held

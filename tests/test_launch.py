@@ -31,6 +31,7 @@ from canary.launch import (
     supervise_job,
     verdict,
 )
+from canary.mpich_shm import remove_orphan_topologies
 from canary.ranks import Gone, Orphaned, RankRun, RankStart, RunRecords, read_records
 from canary.sentinel import LAUNCHER, RUN_DIR, RUN_RANKS, process_start_time, write_record
 from tests.conftest import ROOT
@@ -288,6 +289,15 @@ def test_supervise_stops_an_mpiexec_that_waits_for_nothing(
     assert capfd.readouterr().err.startswith(
         "canary: mpiexec waited for its process managers with none left running, and was "
         "stopped: the srun or ssh")
+
+
+def test_a_killed_proxys_topology_file_is_removed_but_not_one_in_use(tmp_path: Path) -> None:
+    since = time.time() - 1
+    used, left = tmp_path / "hydra_hwloc_xmlfile_a", tmp_path / "hydra_hwloc_xmlfile_b"
+    left.write_text("<topology/>")
+    with open(used, "w"):  # a running proxy holds its file open
+        assert remove_orphan_topologies(since, str(tmp_path)) == [str(left)]
+    assert used.exists()
 
 
 class FakeMpiexec:
