@@ -567,13 +567,14 @@ class BootstrapWatch:
         return f"its process managers ({ended} ended)" if ended else "its process managers"
 
 
-def _children(pid: int) -> dict[int, str]:
-    """The children of process ``pid`` with their program names (Linux; else none)."""
+def _children(pid: int) -> dict[int, str] | None:
+    """The children of process ``pid`` with their program names, or None where that cannot be
+    known (not Linux, or a kernel without ``/proc/PID/task/TID/children``)."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             pids = [int(p) for p in f.read().split()]
     except (OSError, ValueError):
-        return {}
+        return None
     return {p: process_name(p) for p in pids}
 
 
@@ -643,13 +644,24 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
             preexec_fn=die_with_parent(signal.SIGTERM),
             stdout=subprocess.PIPE if hydra else None, stderr=subprocess.PIPE if hydra else None)
         stopper.started(proc)
-        watch = BootstrapWatch(BOOTSTRAP_GRACE)
+        watch: BootstrapWatch | None = BootstrapWatch(BOOTSTRAP_GRACE)
+        next_look = 0.0
 
         def check(now: float) -> None:
+            nonlocal watch, next_look
             stopper.escalate(now)
-            lost = watch.update(_children(proc.pid), now) if proc.poll() is None else None
-            if lost is not None:
-                stopper.stop(lost)
+            if watch is None or now < next_look:
+                return
+            next_look = now + 0.2
+            # only until a rank has started: then a rank's sentinel sees its process manager go
+            if any(Path(folder).glob("start-*.json")):
+                watch = None
+                return
+            children = _children(proc.pid) if proc.poll() is None else None
+            if children is not None:  # unknown children are not no children
+                lost = watch.update(children, now)
+                if lost is not None:
+                    stopper.stop(lost)
 
         filt = OutputFilter(ranks) if hydra else None
         if filt is not None:
