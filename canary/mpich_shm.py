@@ -16,9 +16,10 @@ failed job would keep its file's memory until the machine restarts. So:
   MPICH's hydra (``/tmp/hydra_hwloc_xmlfile_*``) made since the job started that no process
   holds open (:func:`remove_orphan_topologies`): each host's proxy makes one, holds it open,
   and removes it when it ends well; a killed proxy or mpiexec leaves it.
-* ``canary run``, before each job, removes this user's files that no process maps and that
-  have not changed for a minute (:func:`remove_stale`): those a job left when nothing was
-  there to clean up after it (its ``canary run`` killed with SIGKILL, a plain ``mpiexec``).
+* ``canary run``, before each job, removes this user's files that no process maps (or holds
+  open, for topology files) and that have not changed for a minute (:func:`remove_stale`):
+  those a job left when nothing was there to clean up after it (its ``canary run`` killed
+  with SIGKILL, a plain ``mpiexec``).
 """
 
 from __future__ import annotations
@@ -107,10 +108,10 @@ def _remove_unmapped(since: float, settle: float, folder: str) -> list[str]:
 
 
 def remove_stale(older_than: float = 60.0, folder: str = SHM_FOLDER,
-                 now: float | None = None) -> list[str]:
+                 now: float | None = None, topologies: str = TOPOLOGY_FOLDER) -> list[str]:
     """Remove this user's MPICH files in ``folder`` that no process maps and that have not
-    changed for ``older_than`` seconds before ``now`` (default: the time now); return their
-    paths.
+    changed for ``older_than`` seconds before ``now`` (default: the time now), and hydra's
+    topology files in ``topologies`` as old that no process holds open; return their paths.
 
     Every rank of a running job maps its file, and a file being made is mapped within moments,
     so such a file belongs to no job. Removing the name of a file that a process this user
@@ -119,7 +120,8 @@ def remove_stale(older_than: float = 60.0, folder: str = SHM_FOLDER,
     """
     cutoff = (time.time() if now is None else now) - older_than
     candidates = {path for path, changed in _own_files(folder).items() if changed < cutoff}
-    return _unlink(candidates - _mapped_anywhere()) if candidates else []
+    removed = _unlink(candidates - _mapped_anywhere()) if candidates else []
+    return removed + remove_orphan_topologies(0.0, topologies, before=cutoff)
 
 
 def _unlink(paths: Iterable[str]) -> list[str]:
@@ -175,12 +177,14 @@ def _mapped_anywhere() -> set[str]:
     return in_use
 
 
-def remove_orphan_topologies(since: float, folder: str = TOPOLOGY_FOLDER) -> list[str]:
+def remove_orphan_topologies(since: float, folder: str = TOPOLOGY_FOLDER,
+                             before: float | None = None) -> list[str]:
     """Remove this user's hydra topology files in ``folder`` made or changed at ``since`` (a
-    ``time.time()``) or later that no process holds open; return their paths. A running
-    proxy holds its file open from making it to removing it. Never raises."""
+    ``time.time()``) or later, and before ``before`` if given, that no process holds open;
+    return their paths. A running proxy holds its file open from making it (``mkstemp``) to
+    removing it. Never raises."""
     new = {path for path, changed in _own_files(folder, TOPOLOGY_PREFIX).items()
-           if changed >= since}
+           if changed >= since and (before is None or changed < before)}
     return _unlink(new - _open_anywhere()) if new else []
 
 

@@ -65,15 +65,19 @@ def test_only_files_made_since_the_job_started_and_mapped_by_nobody_go(tmp_path:
 def test_files_unchanged_for_a_minute_and_mapped_by_nobody_go_before_a_job(tmp_path: Path) -> None:
     # what a job killed with its launcher leaves: nothing that ran after it could remove it
     left, mapped, other = (tmp_path / n for n in (PREFIX + "left_0", PREFIX + "mapped_0", "x"))
-    for path in (left, mapped, other):
+    topology, held = tmp_path / "hydra_hwloc_xmlfile_a", tmp_path / "hydra_hwloc_xmlfile_b"
+    for path in (left, mapped, other, topology, held):
         path.write_bytes(b"\0" * 4096)
     in_a_minute = time.time() + 61
-    assert remove_stale(folder=str(tmp_path)) == []  # just made: may be a starting job's
-    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):
-        assert remove_stale(folder=str(tmp_path), now=in_a_minute) == [str(left)]
-    assert mapped.exists() and other.exists() and not left.exists()
-    assert remove_stale(folder=str(tmp_path), now=in_a_minute) == [str(mapped)]
-    assert remove_stale(folder=str(tmp_path / "absent"), now=in_a_minute) == []
+    here = {"folder": str(tmp_path), "topologies": str(tmp_path)}
+    assert remove_stale(**here) == []  # just made: may be a starting job's
+    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096), open(held):
+        # a running proxy holds its topology file open
+        assert remove_stale(**here, now=in_a_minute) == [str(left), str(topology)]
+    assert mapped.exists() and other.exists() and held.exists() and not left.exists()
+    assert remove_stale(**here, now=in_a_minute) == [str(mapped), str(held)]
+    assert remove_stale(folder=str(tmp_path / "absent"), now=in_a_minute,
+                        topologies=str(tmp_path / "absent")) == []
 
 
 def test_a_file_still_mapped_by_an_exiting_rank_goes_once_it_has_exited(tmp_path: Path) -> None:
