@@ -157,12 +157,8 @@ def test_bounds_that_call_app_kernels_are_cached_under_the_apps_source(
     assert isinstance(bound_of("K = 3\n")._cache, NullCache)
 
 
-@pytest.mark.parametrize("app", ["logistic_regression", "kmeans", "pagerank"])
-def test_apps_quick_row_shape(app: str) -> None:
-    repeats = 2 if app == "logistic_regression" else 1  # the interleaved repeats, once
-    # one baseline run: the median of three is for figures, not for the rows' shape
-    rows = run_bench("apps.py", "--quick", "--no-peers", "--apps", app, "--iters", "5",
-                     "--repeats", str(repeats), "--baselines", "1")
+def check_apps_row_shape(rows: list[dict], app: str, repeats: int) -> None:
+    """The row apps.py --quick --iters 5 --baselines 1 prints for ``app``, and its summary."""
     (row,) = [r for r in rows if r.get("app") == app and "canary_s" in r]
     assert len(row["canary_s_runs"]) == len(row["numba_s_runs"]) == repeats
     assert row["canary_s"] == min(row["canary_s_runs"])
@@ -183,6 +179,16 @@ def test_apps_quick_row_shape(app: str) -> None:
     assert summary["summary"] == "apps" and key in summary["canary_vs_numba"]
     assert summary["canary_vs_numba_paired"][key] == row["canary_vs_numba_paired"]
     assert summary["wall_s"] >= row["measure_wall_s"]
+
+
+# logistic_regression's row (with the interleaved repeats) is checked by
+# test_apps_names_a_peer_whose_answer_is_wrong, which runs the same app in-process
+@pytest.mark.parametrize("app", ["kmeans", "pagerank"])
+def test_apps_quick_row_shape(app: str) -> None:
+    # one baseline run: the median of three is for figures, not for the rows' shape
+    rows = run_bench("apps.py", "--quick", "--no-peers", "--apps", app, "--iters", "5",
+                     "--repeats", "1", "--baselines", "1")
+    check_apps_row_shape(rows, app, 1)
 
 
 def test_apps_needs_a_baseline_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -406,10 +412,14 @@ def test_apps_names_a_peer_whose_answer_is_wrong(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(bench_apps, "peer_spark_lr", peer(False))
     monkeypatch.setattr(bench_apps.spark_jvm, "peer_lr",
                         lambda *a, **k: {"peer": "spark_jvm_mappartitions", "skipped": "test"})
+    # two interleaved repeats: this run also stands for test_apps_quick_row_shape's
+    # logistic_regression case (one apps.py run of the app fewer)
     assert bench_apps.main(["--quick", "--apps", "logistic_regression", "--iters", "5",
-                            "--baselines", "1"]) == 0
+                            "--repeats", "2", "--baselines", "1"]) == 0
     out, err = capsys.readouterr()
-    rows = [json.loads(line) for line in out.splitlines()]
+    rows = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
+    assert "summary" in rows[-1]
+    check_apps_row_shape(rows, "logistic_regression", 2)
     (row,) = [r for r in rows if "canary_s" in r]
     assert row["peers_correct"] == {"dask_threaded": True, "pyspark_mappartitions": False}
     assert rows[-1]["peers_wrong"] == ["logistic_regression@20000,8:pyspark_mappartitions"]
