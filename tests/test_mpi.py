@@ -95,8 +95,10 @@ def test_missing_input_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_controller_messages_do_not_grow_with_iterations_or_partitions() -> None:
+    # every run is held to the same exact counts below, so a count that grew with iterations
+    # or with partitions fails at (30, 12); (2, 2) is the smallest job, which sets them
     counts = []
-    for iterations, partitions in [(2, 2), (30, 2), (30, 12)]:
+    for iterations, partitions in [(2, 2), (30, 12)]:
         r = mpirun(3, str(DRIVERS / "counting.py"), str(iterations), str(partitions))
         assert r.returncode == 0, r.stderr
         out = summary(r.stdout)
@@ -108,7 +110,7 @@ def test_controller_messages_do_not_grow_with_iterations_or_partitions() -> None
         loads = out["received"].pop("LoadReport", 0)
         assert loads <= 2 * (out["seconds"] / 0.5 + 2)
         counts.append((out["received"], out["sent"]))
-    assert counts[0] == counts[1] == counts[2]
+    assert counts[0] == counts[1]
     received, sent = counts[0]
     assert received == {"Hello": 2, "Done": 2, "ReportPart": 1}
     assert sent == {"Placement": 2, "Shutdown": 2}  # balanced: no partition moved
