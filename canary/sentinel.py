@@ -27,6 +27,9 @@ It does three things:
   sockets into every process it starts, and while a rank held them, mpiexec never saw a
   killed proxy's streams close and waited for ever.
 
+* A rank other than 0 reads its standard input from ``/dev/null``: mpiexec feeds its own to
+  rank 0 alone, and hydra left the others a pipe that never ends.
+
 Without a run folder and a rank in the environment it just runs the command in its place.
 """
 
@@ -239,7 +242,10 @@ def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | N
     Returns its returncode in :mod:`subprocess`'s convention (negative: killed by that signal).
     """
     manager = process_name(parent) if parent is not None else ""
+    # mpiexec feeds its standard input to rank 0 alone; hydra leaves the others a pipe that
+    # never ends, and a driver that read it (every rank runs the whole script) hung for ever
     child = subprocess.Popen(command, close_fds=fds is not None, pass_fds=fds or (),
+                             stdin=subprocess.DEVNULL if rank != 0 else None,
                              preexec_fn=die_with_parent(signal.SIGKILL),
                              env=dict(os.environ, **{SENTINEL: str(os.getpid())}))
     # PMI_FD stays open here too: hydra takes its closing for the rank's end and kills every

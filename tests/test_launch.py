@@ -543,11 +543,21 @@ LR = "apps/logistic_regression.py"
 MARK = "CANARY_TEST_MARK"
 
 
-def canary_run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m canary.cli run -n 2 ARGS`` from the repository, with hard time limits."""
+def canary_run(*args: str, timeout: int = 120,
+               stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m canary.cli run -n 2 ARGS`` from the repository, with hard time limits, and
+    ``stdin`` as its standard input (default: this process's)."""
     return subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout",
                            str(timeout), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout + 60)
+                          input=stdin, timeout=timeout + 60)
+
+
+def test_standard_input_reaches_rank_0_and_the_others_read_its_end() -> None:
+    # hydra gave the other ranks a pipe that never ends: a driver reading it hung for ever
+    r = canary_run(str(DRIVERS / "reads_stdin.py"), timeout=60, stdin="hello\n")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == [
+        "rank 0 read 'hello\\n'", "rank 1 read ''", "rank 2 read ''"]
 
 
 def marked(mark: str) -> dict[int, str]:
