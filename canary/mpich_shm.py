@@ -161,14 +161,18 @@ def _own_files(folder: str, prefix: str = PREFIX) -> dict[str, float]:
     return found
 
 
+def _pids() -> list[str]:
+    """The processes in ``/proc`` (none where there is no ``/proc``)."""
+    try:
+        return [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+
+
 def _mapped_anywhere() -> set[str]:
     """The MPICH files mapped by the processes whose memory maps this user can read."""
     in_use: set[str] = set()
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return in_use
-    for pid in pids:
+    for pid in _pids():
         try:
             with open(f"/proc/{pid}/maps") as f:
                 in_use.update(mapped_segments(f))
@@ -191,11 +195,7 @@ def remove_orphan_topologies(since: float, folder: str = TOPOLOGY_FOLDER,
 def _open_anywhere() -> set[str]:
     """The paths held open by the processes whose descriptors this user can read."""
     held: set[str] = set()
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return held
-    for pid in pids:
+    for pid in _pids():
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:  # gone, or another user's
