@@ -12,6 +12,10 @@ from canary.controller.state import ControllerState
 from canary.messages import (
     CommitSnapshot,
     Hello,
+    MigrateAccept,
+    MigrateArray,
+    MigrateData,
+    MigrateOffer,
     MigrateOut,
     MoveRequest,
     Placement,
@@ -115,6 +119,29 @@ def test_a_resumed_worker_reads_what_it_owns_before_it_emits_anything() -> None:
     parts = [i.message for i in seen if isinstance(i, Send)
              and isinstance(i.message, ReportPart)]
     assert [m.array.tolist() for m in parts] == [[14.0, 14.0]]  # 12 + the two increments left
+
+
+def test_a_resumed_worker_moves_a_partition_only_once_the_snapshots_values_are_in() -> None:
+    # run_local found it (seed 189 of a fuzz run): a move reached a resumed worker between its
+    # ReadSnapshot and the SnapshotLoaded the runtime answers later. The partition left with
+    # no value, and the loaded value then named a partition the worker no longer held.
+    p = counting_program()
+    ref, out = placed(p, 0, n_workers=1, max_fused=0, window=1)
+    ref.handle(SnapshotAsk(next(EIDS), 1))
+    run_tasks(ref, out)
+    run_tasks(ref, ref.handle(SnapshotAt(next(EIDS), 1, 3)))
+    st = WorkerState(p, 1, 2, restore=ref.position(), max_fused=0)
+    st.start()
+    st.handle(Placement(next(EIDS), PartitionMap.initial([2], 2)))  # asks for ("a", 1)
+    out = st.handle(MigrateOut(next(EIDS), 1, 0, 1, 0, 2))
+    assert out == [Send.match(dest=1, message=MigrateOffer.match(move=1, seq=3))]
+    assert st.handle(MigrateAccept(next(EIDS), 1, 3)) == []  # the cut has passed: no task left
+    out = st.handle(SnapshotLoaded(next(EIDS), {("a", 1): (np.full(2, 12.0), 2)}))
+    sent = [i.message for i in out if isinstance(i, Send)]
+    assert sent[0] == MigrateData.match(move=1, cut=3, last_seqs=(2,), valued=(0,))
+    assert [type(m) for m in sent[:2]] == [MigrateData, MigrateArray]
+    assert sent[1].array.tolist() == [12.0, 12.0]  # what the snapshot held, not nothing
+    assert not st.parts
 
 
 # ------------------------------------------------------------------ the controller

@@ -124,7 +124,10 @@ class Migration(WorkerCore):
         self._switch_at_cuts(out)
 
     def _ship_when_quiet(self, out: list[Any]) -> None:
-        """Send each partition whose cut has passed once no task of it is left."""
+        """Send each partition whose cut has passed once no task of it is left, and once a
+        resumed job's values are in (before that, the partition has none to send)."""
+        if self._restoring:  # the snapshot's values arrive later: they are what must move
+            return
         for mv in list(self.moves_out.values()):
             if not mv.past_cut:
                 continue
