@@ -45,8 +45,8 @@ class PendingSnapshot:
         self.seq: int | None = None  # the barrier, once every position is in
         self.written: dict[int, SnapshotWritten] = {}
         # report values replaced by reports at or past the barrier before the commit: the
-        # snapshot keeps the values as they stood at the barrier
-        self.before: dict[str, list[np.ndarray] | None] = {}
+        # snapshot keeps the values as they stood at the barrier (with their stage instance)
+        self.before: dict[str, tuple[int, list[np.ndarray] | None]] = {}
 
 
 class ControllerSnapshots:
@@ -55,6 +55,7 @@ class ControllerSnapshots:
     program: Program
     n_workers: int
     results: dict[str, list[np.ndarray]]
+    result_seqs: dict[str, int]
     in_flight: dict[int, Any]
     done: dict[int, Any]
     received: dict[str, int]
@@ -120,13 +121,19 @@ class ControllerSnapshots:
         pending.seq = seq
         return self._broadcast(lambda: SnapshotAt(self._next_eid(), pending.snap, seq))
 
-    def _before_report(self, name: str, seq: int) -> None:
-        """A report instance ``seq`` of dataset ``name`` completes: keep the value it replaces
-        if it is past the barrier of the snapshot under way."""
+    def _before_report(self, name: str, seq: int, values: list[np.ndarray]) -> None:
+        """A report instance ``seq`` of dataset ``name`` completes with ``values``: keep the
+        value it replaces if it is past the barrier of the snapshot under way, and a report
+        before the barrier that completes after one past it (a moved partition's parts come
+        from two workers) is the value at the barrier if it is the latest such."""
         pending = self.snapshot
-        if pending is not None and pending.seq is not None and seq >= pending.seq:
+        if pending is None or pending.seq is None:
+            return
+        if seq >= pending.seq:
             if name not in pending.before:
-                pending.before[name] = self.results.get(name)
+                pending.before[name] = (self.result_seqs.get(name, -1), self.results.get(name))
+        elif name in pending.before and seq > pending.before[name][0]:
+            pending.before[name] = (seq, values)
 
     def _on_snapshot_written(self, ev: SnapshotWritten) -> list[Any]:
         pending = self.snapshot
@@ -147,7 +154,7 @@ class ControllerSnapshots:
         assert self.received.get("ReportPart", 0) >= reports, "a report before the barrier is missing"
         self.snapshot = None
         results = dict(self.results)
-        for name, values in pending.before.items():
+        for name, (_, values) in pending.before.items():
             if values is None:
                 results.pop(name, None)
             else:

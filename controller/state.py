@@ -81,6 +81,9 @@ class ControllerState(ControllerSnapshots):
         self.done: dict[int, Done] = {}
         self.reports: dict[int, dict[int, ReportPart]] = {}
         self.results: dict[str, list[np.ndarray]] = dict(resumed_results or {})
+        # the stage instance of each result: reports of one dataset can complete out of
+        # program order (see _on_report), and the result is the latest in program order
+        self.result_seqs: dict[str, int] = {}
         self.finished = False
         self.failed: str | None = None
         self.received: dict[str, int] = {}
@@ -275,8 +278,13 @@ class ControllerState(ControllerSnapshots):
         del self.reports[ev.seq]
         values = [parts[i].array for i in range(ds.partitions)]
         if self.snapshot is not None:
-            self._before_report(ds.name, ev.seq)
-        self.results[ds.name] = values
+            self._before_report(ds.name, ev.seq, values)
+        # A partition that moved sends its parts of later reports from its new worker, which
+        # may reach this rank before its old worker's parts of an earlier report (MPI orders
+        # only one sender's messages): that earlier report, completing last, is not the latest
+        if ev.seq > self.result_seqs.get(ds.name, -1):
+            self.results[ds.name] = values
+            self.result_seqs[ds.name] = ev.seq
         if stage.callback is None:
             return []
         rep = ReportEvent(stage.name, ds.name, ev.iteration, values,

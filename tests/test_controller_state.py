@@ -72,6 +72,28 @@ def test_report_callback_gets_all_partitions_in_order_and_result_is_kept() -> No
     assert c.results["s"][0].tolist() == [4.0]
 
 
+def test_the_result_is_the_latest_report_even_when_an_earlier_one_completes_last() -> None:
+    # A partition moved between two reports: its new worker's part of the later report
+    # overtook its old worker's part of the earlier one (run_local(seed=248) with a move
+    # injected mid-loop ended with the earlier report's value as the job's result)
+    p = Program("r")
+    x = p.dataset("x", 2)
+    p.load([x], lambda i, n: np.zeros(1))
+    with p.loop(2):
+        p.compute(lambda v: v + 1.0, [x], [x])
+        p.report(x)
+    p.finalize()
+    c = ControllerState(p, 2)
+    c.handle(hello(p, 0))
+    c.handle(hello(p, 1))
+    rep = next(s for s in p.stages if s.kind == "report").id
+    c.handle(ReportPart(3, 2, rep, (0,), 0, np.array([1.0]), 1))  # the first report, part 0
+    c.handle(ReportPart(4, 4, rep, (1,), 0, np.array([2.0]), 1))  # the second, from worker 1
+    c.handle(ReportPart(5, 4, rep, (1,), 1, np.array([2.0]), 1))  # the second is complete
+    c.handle(ReportPart(6, 2, rep, (0,), 1, np.array([1.0]), 1))  # the first, late
+    assert [v.tolist() for v in c.results["x"]] == [[2.0], [2.0]]
+
+
 def test_done_from_every_worker_shuts_down_once() -> None:
     p = program()
     c = ControllerState(p, 2)

@@ -240,6 +240,26 @@ def test_a_report_past_the_barrier_does_not_change_the_snapshot(tmp_path: Any) -
     assert c.results["a"][0].tolist() == [2.0, 2.0]
 
 
+def test_a_report_before_the_barrier_completing_after_one_past_it_is_in_the_snapshot(
+        tmp_path: Any) -> None:
+    # a partition that moved before the snapshot: its old worker's part of an earlier report
+    # came after its new worker's part of a later one
+    c = placed_controller(str(tmp_path))
+    stage = next(s for s in c.program.stages if s.kind == "report").id
+    c.handle(Tick(next(EIDS), 10.0))
+    c.handle(SnapshotPosition(next(EIDS), 1, 0, 6, False))
+    c.handle(SnapshotPosition(next(EIDS), 1, 1, 6, False))
+    c.handle(ReportPart(next(EIDS), 4, stage, (), 0, np.full(2, 1.0), 1))
+    for i in range(2):  # past the barrier, complete
+        c.handle(ReportPart(next(EIDS), 7, stage, (), i, np.full(2, 2.0), 1))
+    c.handle(ReportPart(next(EIDS), 4, stage, (), 1, np.full(2, 1.0), 1))  # before it, late
+    c.handle(written(1, 0, 6))
+    out = c.handle(written(1, 1, 6))
+    assert [(n, k, v.tolist()) for n, k, v in out[0].results] == [("a", 0, [1.0, 1.0]),
+                                                                  ("a", 1, [1.0, 1.0])]
+    assert c.results["a"][0].tolist() == [2.0, 2.0]
+
+
 def test_bad_settings_are_clear() -> None:
     with pytest.raises(ValueError, match="--keep must be at least 1"):
         SnapshotConfig("d", keep=0)
