@@ -455,6 +455,24 @@ def test_a_failing_job_ends_alone_and_the_others_finish() -> None:
             assert isinstance(res, canary.JobResult) and np.array_equal(res.value("s"), good)
 
 
+def test_a_job_whose_report_callback_raises_ends_alone_in_process_as_on_a_host() -> None:
+    # run_jobs_local called the callback bare: its exception ended the whole run, every other
+    # job with it, where a pool's host (canary.pool.host) ends that job alone
+    def callback(ev: canary.ReportEvent) -> None:
+        raise ValueError("the callback failed on purpose")
+
+    good = canary.run_local(program("good", 3, 6), workers=2).value("s")
+    bad = program("bad", 3, 2)
+    bad.report(bad.datasets[1], callback=callback, name="noisy")
+    run = run_jobs_local([LocalJob(bad), LocalJob(program("good", 3, 6), at=0.5)], workers=2,
+                         seed=1, validate=True)
+    assert isinstance(run.results[1], JobAborted)
+    assert "report callback raised: ValueError('the callback failed on purpose')" in str(
+        run.results[1])
+    res = run.results[2]
+    assert isinstance(res, canary.JobResult) and np.array_equal(res.value("s"), good)
+
+
 def test_a_cancelled_job_ends_with_the_reason_and_frees_the_workers() -> None:
     run = run_jobs_local([LocalJob(program("long", 2, 200), cancel_at=20.0),
                           LocalJob(program("short", 2, 4))], workers=2, seed=4, validate=True)

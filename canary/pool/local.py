@@ -36,6 +36,7 @@ from canary.messages import (
 from canary.pool.messages import (
     Cancel,
     Declared,
+    DriverEnded,
     Envelope,
     JobCallback,
     JobSpec,
@@ -96,7 +97,8 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
 
     Raises RuntimeError if the pool stops making progress before every job ended (an engine
     bug) and ValueError for an unknown policy. ``validate`` checks every job state's
-    invariants after each event.
+    invariants after each event. A job whose report callback raises ends alone, with
+    :class:`canary.errors.JobAborted` naming the exception, as on a pool's host.
     """
     rng = random.Random(seed)
     ctrl = JobsController(workers, placement, seed=seed)
@@ -156,7 +158,12 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
             elif kind is YieldJob:
                 push(now, -rank, Envelope(ins.job, Resume(eid(rank))))
             elif kind is JobCallback:
-                ins.fn(ins.event)
+                try:
+                    ins.fn(ins.event)
+                except Exception as exc:  # noqa: BLE001 - the job's user code: it fails alone,
+                    # as on a pool's host (canary.pool.host), not the whole run
+                    carry(CONTROLLER, ctrl.handle(DriverEnded(
+                        eid(CONTROLLER), ins.job, -1, f"its report callback raised: {exc!r}")))
             elif kind is Release and rank == CONTROLLER:
                 out.ended[ins.job] = now
                 if ins.reason is None:
