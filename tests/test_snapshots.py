@@ -127,6 +127,33 @@ def test_random_programs_stopped_at_random_events_resume_with_the_sequential_ans
     assert sum(over_seeds(resumes, range(4))) >= 1
 
 
+def test_partitions_moved_as_a_job_resumes_give_the_sequential_answer(tmp_path: Path) -> None:
+    # Moves that reach workers before their snapshot's values are in (fast messages, a move at
+    # once): a partition left its worker without its value (KeyError or a kernel given None)
+    def resumed_with_moves(seed: int) -> None:
+        rng = random.Random(seed)
+        prog_seed = rng.randrange(20)
+        folder = tmp_path / str(seed)
+        canary.run_local(random_program(prog_seed), workers=rng.randint(1, 3), seed=seed,
+                         checkpoint=SnapshotConfig(str(folder), every_s=1, keep=1))
+        moves = rng.randint(1, 3)
+
+        def inject(ctrl: Any, states: Any) -> list[tuple[int, int, int]]:
+            nonlocal moves
+            if not moves or rng.random() < 0.5:
+                return []
+            moves -= 1
+            g = rng.randrange(len(ctrl.map.owners))
+            return [(g, rng.randrange(len(ctrl.map.owners[g])), rng.randrange(ctrl.n_workers))]
+
+        got = canary.run_local(random_program(prog_seed), workers=rng.randint(2, 4), seed=seed,
+                               resume=choose(str(folder))[0], inject=inject, mean_delay=0.01,
+                               validate=True)
+        assert outcome(got.results) == outcome(run_sequential(random_program(prog_seed)))
+
+    over_seeds(resumed_with_moves, range(6))
+
+
 # ------------------------------------------------------------------ on disk
 @pytest.fixture
 def three_snapshots(tmp_path: Path) -> tuple[Path, dict[str, list[np.ndarray]]]:
