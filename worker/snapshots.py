@@ -20,7 +20,8 @@ counters, ``seq``), are a consistent cut of the job. The protocol:
 Resuming: the state starts at the snapshot's position with emission held; on its first placement
 it asks the runtime for the values of the partitions it now owns
 (:class:`~canary.messages.ReadSnapshot`), installs them (:class:`~canary.messages.SnapshotLoaded`)
-and carries on from instance ``S``. Pieces other workers send meanwhile wait as early pieces do.
+and carries on from instance ``S``. Pieces other workers send meanwhile wait as early pieces do,
+and a partition moved away meanwhile leaves once its values are in.
 """
 
 from __future__ import annotations
