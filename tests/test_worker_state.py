@@ -652,14 +652,44 @@ def test_the_first_stretch_is_small_until_one_has_been_timed() -> None:
         out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
     first = out[0].task
     assert first.kind == K_FUSED and first.stretch.tasks == 2  # one instance on 2 partitions
-    out = finish_stretch(st, first, seconds=2 * 0.5)  # 0.5 s kernels: stay at 2 tasks
+    out = finish_stretch(st, first, seconds=2 * 1e-6)  # 1 µs kernels: a long stretch
     second = out[0].task
-    assert second.kind == K_FUSED and second.stretch.tasks == 2
-    out = finish_stretch(st, second, seconds=2 * 1e-6)  # 1 µs kernels: a long stretch
-    third = out[0].task
-    assert third.kind == K_FUSED
-    assert third.stretch.tasks == stretch_budget(1e-6, 2, st.config) == 5000
-    assert not st.lone_stages
+    assert second.kind == K_FUSED
+    assert second.stretch.tasks == stretch_budget(1e-6, 2, st.config) == 5000
+    assert not st.lone_stages and not st.slow_stages
+
+
+def test_stages_too_slow_to_fuse_run_as_ordinary_tasks() -> None:
+    # A stretch covers every local partition and is sized from the last one's time: one of
+    # 0.5 s tasks held every message for seconds (minutes, after fast ones). Such stages run
+    # as ordinary tasks, so that a message waits at most one task.
+    st, out = placed(compute_loop(parts=2, iters=40), 0, 1)
+    for _ in range(2):
+        out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+    first = out[0].task
+    assert first.kind == K_FUSED and first.stretch.instances[0][0].name == "add"
+    out = finish_stretch(st, first, seconds=2 * 0.5)  # plain Python: nothing was compiled
+    assert st.slow_stages == {first.stretch.instances[0][0].id}
+    # the next stretch stops before 'add', which then runs as ordinary tasks
+    assert [(t.stage.name, t.kind, t.part) for t in st.tasks.values()] == [
+        ("dbl", K_FUSED, 0), ("add", K_COMPUTE, 0), ("add", K_COMPUTE, 1)]
+    # a numba kernel's first timed stretch may include compiling it: not yet slow
+    import numba
+
+    p = Program("jit")
+    a = p.dataset("a", 2)
+    p.load([a], lambda i, n: np.zeros(1))
+    with p.loop(40):
+        p.compute(numba.njit(lambda x: x + 1.0), [a], [a], name="jit_inc")
+    p.report(a)
+    jit, out = placed(p.finalize(), 0, 1)
+    for _ in range(2):
+        out = jit.handle(done(out[0].task, (np.zeros(1),)))
+    task = out[0].task
+    jit._tune_fusion(task, 2 * 0.5)
+    assert not jit.slow_stages
+    jit._tune_fusion(task, 2 * 0.5)
+    assert jit.slow_stages == {task.stretch.instances[0][0].id}
 
 
 def test_a_stretch_cut_by_the_size_limit_does_not_make_its_stage_lone() -> None:
@@ -678,13 +708,15 @@ def test_a_stretch_cut_by_the_size_limit_does_not_make_its_stage_lone() -> None:
 
 def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
     # inc sits between a broadcast and a reduce: a stretch of it is one instance.
+    import numba
+
     p = Program("between")
     a, w, s = p.dataset("a", 3), p.dataset("w", 1), p.dataset("s", 1)
     p.load([a], lambda i, n: np.ones(1))
     p.load([w], lambda i, n: np.ones(1))
     with p.loop(3):
         p.broadcast(w, a)
-        p.compute(lambda x: x + 1, [a], [a], name="inc")
+        p.compute(numba.njit(lambda x: x + 1), [a], [a], name="inc")  # compiled when first run
         p.reduce(a, s)
     p = p.finalize()
     lone = st_lone = None

@@ -75,6 +75,7 @@ class WorkerCore:
     fused_live: int
     stretches_run: int
     lone_stages: set[int]  # compute stages emitted as ordinary tasks from now on
+    slow_stages: set[int]  # likewise, their tasks too long to fuse
     _timed_stages: set[int]
 
     # ---- data moves (DataMoves)

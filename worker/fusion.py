@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from canary.program import OP_STAGE, WRITE, Stage
+from canary.worker.chain import is_numba_kernel
 from canary.worker.config import WorkerConfig
 from canary.worker.core import WorkerCore
 from canary.worker.interpreter import _LOOP_CONTROL, loop_control
@@ -28,7 +29,12 @@ class Fusion(WorkerCore):
         # Compute stages whose tasks, run as a one-instance stretch, took lone_task_s or more:
         # they run as ordinary tasks from then on (see _tune_fusion).
         self.lone_stages: set[int] = set()
-        self._timed_stages: set[int] = set()  # stages seen in a timed one-instance stretch
+        # Compute stages whose tasks took fuse_max_s or more in a stretch: fusing saves nothing
+        # on them, and a stretch of them held every message for its whole length (a stretch
+        # covers every local partition, and is sized from the last one's time). They run as
+        # ordinary tasks from then on, so that a message waits at most one task.
+        self.slow_stages: set[int] = set()
+        self._timed_stages: set[int] = set()  # stages seen in a timed stretch
 
     def _fuse(self, out: list[Any]) -> bool | None:
         """Emit the compute-only stretch starting at ``pc`` as one fused task.
@@ -47,6 +53,8 @@ class Fusion(WorkerCore):
         everything emitted so far, on every worker, can finish without anything emitted later.
         """
         st0 = self.program.stages[self.program.ops[self.pc][1]]
+        if st0.id in self.slow_stages:
+            return False
         g = self._fusable[st0.id]
         idxs = self.local[g]
         if not idxs:
@@ -112,7 +120,7 @@ class Fusion(WorkerCore):
             code = op[0]
             if code == OP_STAGE:
                 st = stages[op[1]]
-                if fusable[st.id] != g:
+                if fusable[st.id] != g or st.id in self.slow_stages:
                     break
                 instances.append((st, tuple(counters)))
                 if st.id not in seen:
@@ -137,19 +145,26 @@ class Fusion(WorkerCore):
 
     def _tune_fusion(self, task: Task, seconds: float) -> None:
         """Learn from a fused ``task`` that took ``seconds``: size the next stretches
-        (:func:`stretch_budget`), and if it was one stage instance (communication on both
-        sides, not a size limit) of tasks of ``lone_task_s`` or more (and not the stage's first
-        such stretch, which includes loading or compiling the kernel), emit that stage's later
-        instances as ordinary tasks."""
+        (:func:`stretch_budget`); if it was one stage instance (communication on both sides,
+        not a size limit) of tasks of ``lone_task_s`` or more, emit that stage's later
+        instances as ordinary tasks (``lone_stages``); and if its tasks took ``fuse_max_s`` or
+        more, emit all its stages' later instances as ordinary tasks (``slow_stages``). Either
+        only once the time cannot include compiling a kernel: not a numba kernel's first
+        timed stretch."""
         stretch = task.stretch
         assert stretch is not None
         per_task = seconds / stretch.tasks
         self.max_fused = stretch_budget(per_task, len(stretch.idxs), self.config)
+        stages = {st.id: st for st, _, _ in stretch.instances}
+        compiled = all(sid in self._timed_stages or not is_numba_kernel(st.fn)
+                       for sid, st in stages.items())
+        if per_task >= self.config.fuse_max_s and compiled:
+            self.slow_stages.update(stages)
         if len(stretch.instances) == 1 and not stretch.limited:
             sid = stretch.instances[0][0].id
-            if per_task >= self.config.lone_task_s and sid in self._timed_stages:
+            if per_task >= self.config.lone_task_s and compiled:
                 self.lone_stages.add(sid)
-            self._timed_stages.add(sid)
+        self._timed_stages.update(stages)
 
 
 def stretch_budget(per_task_s: float, rows: int, config: WorkerConfig) -> int:
