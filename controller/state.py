@@ -230,10 +230,13 @@ class ControllerState(ControllerSnapshots):
                 self._warned_at[w] = self._now
                 # a kernel numba compiles on its first call looks like one stuck in a loop:
                 # on a first run on a busy machine compiling takes tens of seconds
+                # and a fused stretch reads no message while it runs (tasks finish inside it)
                 what = (f"no task finished for {quiet:.0f} s (stopped, swapping, stuck in a "
-                        "kernel, or compiling one on a first run?)" if pending is None else
+                        "kernel, compiling one on a first run, or in a long fused stretch: "
+                        "CANARY_MAX_FUSED=0 runs every task alone?)" if pending is None else
                         f"it has not {step} snapshot {pending.snap} for {quiet:.0f} s (stopped, "
-                        "swapping, stuck in a kernel, or writing to a slow disk?)")
+                        "swapping, stuck in a kernel, in a long fused stretch, or writing to a "
+                        "slow disk?)")
                 out.append(Progress(f"canary: waiting for worker {w} (rank {worker_rank(w)}): "
                                     f"{what}", self._cause))
         return out

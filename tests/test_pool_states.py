@@ -592,6 +592,14 @@ def test_a_job_waiting_for_workers_is_told_which_jobs_hold_them() -> None:
                          f"running: 1 (on worker(s) {workers}) (a task is never preempted: a "
                          "long one holds its worker until it ends)")
                      for w in (WAIT_NOTE_S + 1, 2 * WAIT_NOTE_S + 1.5)]
+    # a cancelled job is gone from the list at once, while its last task still holds workers
+    ctrl.handle(Cancel(31, 1))
+    notes.clear()
+    ControllerHost._note_waiting(host, 100 + 3 * WAIT_NOTE_S + 2)  # type: ignore[arg-type]
+    assert [line for _, line in notes] == [
+        f"canary pool: job 2 has waited {3 * WAIT_NOTE_S + 2:.0f} s for workers; the jobs "
+        "running: none; a worker may still be running the last task of a job that ended or was "
+        "cancelled (a task is never preempted: a long one holds its worker until it ends)"]
 
 
 def test_a_drivers_context_and_its_result_go_when_dropped_without_a_collection() -> None:

@@ -283,8 +283,8 @@ def test_a_snapshot_names_the_worker_it_waits_for_and_not_those_that_answered(
     assert said(14.9) == []  # counted from its start, not from the job's
     c.handle(SnapshotPosition(next(EIDS), 1, 0, 5, False))
     assert said(15.5) == ["canary: waiting for worker 1 (rank 2): it has not answered snapshot "
-                          "1 for 6 s (stopped, swapping, stuck in a kernel, or writing to a "
-                          "slow disk?)"]
+                          "1 for 6 s (stopped, swapping, stuck in a kernel, in a long fused "
+                          "stretch, or writing to a slow disk?)"]
     c.handle(SnapshotPosition(next(EIDS), 1, 1, 5, False))
     c.handle(written(1, 0, 5))
     late = said(21.0)
@@ -301,4 +301,5 @@ def test_a_snapshot_names_the_worker_it_waits_for_and_not_those_that_answered(
     c.handle(Hello(next(EIDS), 0, p.digest, p.statements()))
     assert [i.line for i in c.handle(Tick(next(EIDS), 6.0)) if isinstance(i, Progress)] == [
         "canary: waiting for worker 0 (rank 1): no task finished for 6 s (stopped, swapping, "
-        "stuck in a kernel, or compiling one on a first run?)"]
+        "stuck in a kernel, compiling one on a first run, or in a long fused stretch: "
+        "CANARY_MAX_FUSED=0 runs every task alone?)"]

@@ -635,9 +635,13 @@ class ControllerHost(_Host):
             said = self.wait_noted.get(job, 0.0)
             if waited >= WAIT_NOTE_S and waited - said >= WAIT_NOTE_S:
                 self.wait_noted[job] = waited
+                # a job that ended (cancelled) is gone from rank 0's list while its last task
+                # may still run on its workers
                 busy = ", ".join(f"{j} (on worker(s) "
                                  f"{', '.join(map(str, self.state.info(j).workers))})"
-                                 for j in running) or "none"
+                                 for j in running) or ("none; a worker may still be running the "
+                                                       "last task of a job that ended or was "
+                                                       "cancelled")
                 self.note(job, f"canary pool: job {job} has waited {waited:.0f} s for workers; "
                                f"the jobs running: {busy} (a task is never preempted: a long "
                                "one holds its worker until it ends)")
