@@ -652,11 +652,38 @@ def test_the_first_stretch_is_small_until_one_has_been_timed() -> None:
         out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
     first = out[0].task
     assert first.kind == K_FUSED and first.stretch.tasks == 2  # one instance on 2 partitions
-    out = finish_stretch(st, first, seconds=2 * 1e-6)  # 1 µs kernels: a long stretch
-    second = out[0].task
-    assert second.kind == K_FUSED
-    assert second.stretch.tasks == stretch_budget(1e-6, 2, st.config) == 5000
+    assert [s.name for s, _, _ in first.stretch.instances] == ["add"]
+    out = finish_stretch(st, first, seconds=2 * 1e-6)  # 1 µs kernels ...
+    second = out[0].task  # ... but 'dbl' has not been timed: it may take anything
+    assert [s.name for s, _, _ in second.stretch.instances] == ["dbl"]
+    out = finish_stretch(st, second, seconds=2 * 1e-6)
+    third = out[0].task  # both known: a long stretch
+    assert third.kind == K_FUSED
+    assert third.stretch.tasks == stretch_budget(1e-6, 2, st.config) == 5000
     assert not st.lone_stages and not st.slow_stages
+
+
+def test_a_stage_never_timed_joins_only_a_first_size_stretch() -> None:
+    # A fast loop sized stretches of thousands of tasks; the next loop's slow stage then ran
+    # as one such stretch, holding every message for as long as thousands of its tasks took.
+    p = Program("two_loops")
+    a = p.dataset("a", 2)
+    p.load([a], lambda i, n: np.zeros(1))
+    with p.loop(3000):
+        p.compute(lambda x: x + 1.0, [a], [a], name="fast")
+    with p.loop(3000):
+        p.compute(lambda x: x * 1.0, [a], [a], name="slow")
+    p.report(a)
+    st, out = placed(p.finalize(), 0, 1)
+    out = st.handle(done(out[0].task, (np.zeros(1),)))
+    out = st.handle(done(out[0].task, (np.zeros(1),)))
+    while True:  # the fast loop, at 1 µs a task
+        task = out[0].task
+        names = {s.name for s, _, _ in task.stretch.instances}
+        if "slow" in names:
+            break
+        out = finish_stretch(st, task, seconds=task.stretch.tasks * 1e-6)
+    assert task.stretch.tasks <= 2  # not the 5,000 the fast loop's time allowed
 
 
 def test_stages_too_slow_to_fuse_run_as_ordinary_tasks() -> None:

@@ -77,6 +77,7 @@ class WorkerCore:
     lone_stages: set[int]  # compute stages emitted as ordinary tasks from now on
     slow_stages: set[int]  # likewise, their tasks too long to fuse
     _timed_stages: set[int]
+    _untimed: set[int]
 
     # ---- data moves (DataMoves)
     gathers: dict[tuple[int, int], Task]  # (seq, dst partition) -> its gather task

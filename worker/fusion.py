@@ -35,6 +35,7 @@ class Fusion(WorkerCore):
         # ordinary tasks from then on, so that a message waits at most one task.
         self.slow_stages: set[int] = set()
         self._timed_stages: set[int] = set()  # stages seen in a timed stretch
+        self._untimed = {sid for sid, g in enumerate(self._fusable) if g >= 0}  # the others
 
     def _fuse(self, out: list[Any]) -> bool | None:
         """Emit the compute-only stretch starting at ``pc`` as one fused task.
@@ -71,6 +72,13 @@ class Fusion(WorkerCore):
             limit = min(limit, cut - self.seq)
         limit = min(limit, self._stop_at - self.seq)  # a snapshot's barrier ends the stretch
         instances, datasets, pc, counters = self._stretch(g, limit)
+        if (self._untimed and self.config.adapt_fused
+                and len(instances) * len(idxs) > self.config.max_fused
+                and any(st.id in self._untimed for st, _ in instances)):
+            # a stage never timed may take anything: a stretch sized from other stages' time
+            # (a fast loop's, before a slow one) is sized as a worker's first instead
+            limit = max(1, self.config.max_fused // len(idxs))
+            instances, datasets, pc, counters = self._stretch(g, limit)
         if len(instances) * len(idxs) < 2:
             return False
         limited = len(instances) == limit and bool(self._stretch(g, 1, pc, counters)[0])
@@ -165,6 +173,7 @@ class Fusion(WorkerCore):
             if per_task >= self.config.lone_task_s and compiled:
                 self.lone_stages.add(sid)
         self._timed_stages.update(stages)
+        self._untimed.difference_update(stages)
 
 
 def stretch_budget(per_task_s: float, rows: int, config: WorkerConfig) -> int:
