@@ -447,6 +447,14 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
                         f"how its rank ended: it was killed (hydra names the sentinel, pid "
                         f"{rec.starts[rank].sentinel}, of {name(rank)}, which {phrase}, but may "
                         f"name one it stopped itself); {_lost(end)}"]
+    early = _killed_unstarted(end)
+    if early is not None:
+        pid, code = early
+        phrase = how_it_ended(-code)[0] if 0 < code < 65 else how_it_ended(code)[0]
+        status = 128 + code if 0 < code < 65 else code or 1
+        return status, [f"canary: a rank's sentinel ended before its rank had started: it "
+                        f"{phrase} (hydra names pid {pid} on this host, which is no started "
+                        f"rank's sentinel); {_lost(end)}"]
     if not rec.starts:  # the ranks could not record (another host, or another MPI): trust mpiexec
         code = end.mpiexec_status
         return (code if code >= 0 else 128 - code), []
@@ -478,6 +486,22 @@ def _killed_sentinel(end: JobEnd) -> tuple[int, int] | None:
         if start.sentinel == pid and start.host == host and code is not None:
             return start.rank, code
     return None
+
+
+def _killed_unstarted(end: JobEnd) -> tuple[int, int] | None:
+    """The pid hydra named first as ended badly and its exit code, when that process ran on
+    this host and is neither a started rank nor its sentinel: the sentinel of a rank that had
+    not recorded its start yet (a sentinel killed early, so its rank never started). None
+    otherwise. Ranks on this host record their start, so a rank of this host that had started
+    would be known."""
+    if end.bad_end is None:
+        return None
+    pid, host, code = end.bad_end
+    if host != end.host or code is None or code == 0:
+        return None
+    if any(pid in (s.pid, s.sentinel) for s in end.records.starts.values()):
+        return None
+    return pid, code
 
 
 # -- supervising mpiexec -------------------------------------------------------------------
@@ -614,7 +638,7 @@ def rank_lost(end: JobEnd, status: int) -> bool:
     rec = end.records
     if end.mpiexec_status < 0 or rec.orphaned or (
             not rec.gone and not end.aborts and not any(rec.ends.values())
-            and _killed_sentinel(end) is not None):
+            and (_killed_sentinel(end) is not None or _killed_unstarted(end) is not None)):
         return True  # the process manager, or a rank's sentinel, is lost
     if rec.gone:  # a sentinel saw its rank end without finishing
         return any(r not in end.aborts for r in rec.gone)

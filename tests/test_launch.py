@@ -267,6 +267,25 @@ def test_a_killed_sentinel_is_said_with_what_hydra_names() -> None:
         f"which was killed by SIGKILL, but may name one it stopped itself); {LOST}"]
 
 
+def test_a_sentinel_killed_before_its_rank_started_is_said_and_relaunched() -> None:
+    # the sentinel of a rank that had not recorded its start (killed in the job's first
+    # second): hydra names a pid that is no started rank's sentinel, and exits with 9
+    bad = (300, "here", 9)
+    for rec in (records(starts=0), records(starts=3)):
+        rec = RunRecords({r: s for r, s in rec.starts.items() if r != 0}, {}, {})
+        status, lines = verdict(end(rec, 9, bad_end=bad))
+        assert status == 137 and lines == [
+            "canary: a rank's sentinel ended before its rank had started: it was killed by "
+            f"SIGKILL (hydra names pid 300 on this host, which is no started rank's sentinel); "
+            f"{LOST}"]
+        assert rank_lost(end(rec, 9, bad_end=bad), status)  # --restarts relaunches it
+    status, lines = verdict(end(records(starts=0), 15, bad_end=(300, "here", 15)))
+    assert status == 143 and "it was killed by SIGTERM" in lines[0]
+    # no start recorded, and hydra names a process of another host: the ranks there cannot
+    # record here, so mpiexec's status is all there is
+    assert verdict(end(records(starts=0), 2, bad_end=(300, "there", 2))) == (2, [])
+
+
 def test_bootstrap_watch_stops_an_mpiexec_left_without_process_managers() -> None:
     watch = BootstrapWatch(grace=5.0)
     assert watch.update({}, 0.0) is None  # starting
