@@ -450,8 +450,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     early = _killed_unstarted(end)
     if early is not None:
         pid, code = early
-        phrase = how_it_ended(-code)[0] if 0 < code < 65 else how_it_ended(code)[0]
-        status = 128 + code if 0 < code < 65 else code or 1
+        phrase, status = how_it_ended(-code)
         return status, [f"canary: a rank's sentinel ended before its rank had started: it "
                         f"{phrase} (hydra names pid {pid} on this host, which is no started "
                         f"rank's sentinel); {_lost(end)}"]
@@ -497,7 +496,8 @@ def _killed_unstarted(end: JobEnd) -> tuple[int, int] | None:
     if end.bad_end is None:
         return None
     pid, host, code = end.bad_end
-    if host != end.host or code is None or code == 0:
+    # a signal's number, not 1 or 2: a rank that cannot even start Python exits with those
+    if host != end.host or code is None or not 2 < code < 65:
         return None
     if any(pid in (s.pid, s.sentinel) for s in end.records.starts.values()):
         return None
