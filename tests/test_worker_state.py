@@ -663,6 +663,22 @@ def test_the_first_stretch_is_small_until_one_has_been_timed() -> None:
     assert not st.lone_stages and not st.slow_stages
 
 
+def test_a_first_instance_on_more_partitions_than_a_first_stretch_runs_as_timed_tasks() -> None:
+    # one instance on each of 32 partitions of 0.5 s kernels ran as one 16 s stretch
+    st, out = placed(compute_loop(parts=4, iters=100), 0, 1, window=4)
+    while out[0].task.kind == K_LOAD:
+        out = st.handle(done(out[0].task, (np.zeros(1), np.ones(1))))
+    assert {t.kind for t in st.tasks.values()} == {K_COMPUTE}  # nothing fused: not timed
+    seconds = {"add": 0.5, "dbl": 1e-6}  # a slow plain-Python stage and a fast one
+    while not any(t.kind == K_FUSED for t in st.tasks.values()):
+        task = out[0].task
+        out = st.handle(done(task, (np.zeros(1),), seconds=seconds[task.stage.name]))
+    # 'dbl' is timed, and fuses; 'add' is slow, and its tasks run alone from now on
+    assert [s.name for s in st.program.stages if s.id in st.slow_stages] == ["add"]
+    fused = [t for t in st.tasks.values() if t.kind == K_FUSED]
+    assert all(s.name == "dbl" for t in fused for s, _, _ in t.stretch.instances)
+
+
 def test_a_stage_never_timed_joins_only_a_first_size_stretch() -> None:
     # A fast loop sized stretches of thousands of tasks; the next loop's slow stage then ran
     # as one such stretch, holding every message for as long as thousands of its tasks took.
@@ -751,7 +767,7 @@ def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
         # 10 µs tasks: fusing them is worth it; 50 µs: not, but a stage's first timed
         # stretch includes compiling, so only the second makes the stage lone
         if lone is None or not expect:
-            st_lone, out = placed(p, 0, 1, window=1000)
+            st_lone, out = placed(p, 0, 1, window=1000, max_fused=3)  # 3 partitions
         assert st_lone is not None
         fused = next(t for t in st_lone.tasks.values() if t.kind == K_FUSED)
         assert len(fused.stretch.instances) == 1

@@ -78,6 +78,7 @@ class WorkerCore:
     slow_stages: set[int]  # likewise, their tasks too long to fuse
     _timed_stages: set[int]
     _untimed: set[int]
+    _ran_alone: set[int]
 
     # ---- data moves (DataMoves)
     gathers: dict[tuple[int, int], Task]  # (seq, dst partition) -> its gather task

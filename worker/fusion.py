@@ -36,6 +36,7 @@ class Fusion(WorkerCore):
         self.slow_stages: set[int] = set()
         self._timed_stages: set[int] = set()  # stages seen in a timed stretch
         self._untimed = {sid for sid, g in enumerate(self._fusable) if g >= 0}  # the others
+        self._ran_alone: set[int] = set()  # untimed numba stages that ran an ordinary task
 
     def _fuse(self, out: list[Any]) -> bool | None:
         """Emit the compute-only stretch starting at ``pc`` as one fused task.
@@ -59,6 +60,11 @@ class Fusion(WorkerCore):
         g = self._fusable[st0.id]
         idxs = self.local[g]
         if not idxs:
+            return False
+        if (st0.id in self._untimed and self.config.adapt_fused
+                and len(idxs) > self.config.max_fused):
+            # even one instance on every local partition is more than a first stretch: its
+            # tasks run alone until one has been timed (_time_task), a message waiting one
             return False
         if st0.id in self.lone_stages and len(self._stretch(g, 2)[0]) == 1:
             return False  # long tasks between communications: see _tune_fusion
@@ -174,6 +180,18 @@ class Fusion(WorkerCore):
                 self.lone_stages.add(sid)
         self._timed_stages.update(stages)
         self._untimed.difference_update(stages)
+
+    def _time_task(self, st: Stage, seconds: float) -> None:
+        """Learn from an ordinary task of compute stage ``st``, never timed in a stretch, that
+        took ``seconds``: the stage is timed (and slow, at ``fuse_max_s`` or more) once the
+        time cannot include compiling a kernel: not a numba kernel's first task."""
+        if is_numba_kernel(st.fn) and st.id not in self._ran_alone:
+            self._ran_alone.add(st.id)
+            return
+        if seconds >= self.config.fuse_max_s:
+            self.slow_stages.add(st.id)
+        self._timed_stages.add(st.id)
+        self._untimed.discard(st.id)
 
 
 def stretch_budget(per_task_s: float, rows: int, config: WorkerConfig) -> int:

@@ -346,6 +346,9 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         if kind == K_COMPUTE or kind == K_LOAD:
             for p, v in zip(task.writes, res):
                 p.value = v
+            if kind == K_COMPUTE and ev.seconds is not None and st.id in self._untimed \
+                    and self.config.adapt_fused:
+                self._time_task(st, ev.seconds)
         elif kind == K_FUSED:
             stretch = task.stretch
             assert stretch is not None
