@@ -713,9 +713,13 @@ def test_stages_too_slow_to_fuse_run_as_ordinary_tasks() -> None:
     assert first.kind == K_FUSED and first.stretch.instances[0][0].name == "add"
     out = finish_stretch(st, first, seconds=2 * 0.5)  # plain Python: nothing was compiled
     assert st.slow_stages == {first.stretch.instances[0][0].id}
-    # the next stretch stops before 'add', which then runs as ordinary tasks
+    # the next stretch stops before 'add', which then runs as ordinary tasks, one instance at
+    # a time (a snapshot's barrier comes after everything emitted)
+    (dbl,) = st.tasks.values()
+    assert dbl.kind == K_FUSED and [s.name for s, _, _ in dbl.stretch.instances] == ["dbl"]
+    finish_stretch(st, dbl, seconds=2 * 1e-6)
     assert [(t.stage.name, t.kind, t.part) for t in st.tasks.values()] == [
-        ("dbl", K_FUSED, 0), ("add", K_COMPUTE, 0), ("add", K_COMPUTE, 1)]
+        ("add", K_COMPUTE, 0), ("add", K_COMPUTE, 1), ("dbl", K_FUSED, 0)]
     # a numba kernel's first timed stretch may include compiling it: not yet slow
     import numba
 
@@ -777,7 +781,7 @@ def test_long_one_instance_stretches_become_ordinary_tasks() -> None:
         assert (inc in lone) is expect, (seconds, lone)
     # A fresh interpreter that has learnt the same emits every iteration's inc as ordinary
     # tasks, without waiting for anything.
-    st2 = WorkerState(p, 0, 1, window=1000)
+    st2 = WorkerState(p, 0, 1, window=1000, max_fused=3)
     st2.lone_stages.add(inc)  # before the placement, which emits the loop
     st2.start()
     st2.handle(Placement(1, PartitionMap.initial([3, 1, 1], 1)))

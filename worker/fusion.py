@@ -49,23 +49,25 @@ class Fusion(WorkerCore):
         emitted (``pc``, the loop counters and ``seq`` then stand after the stretch, exactly as
         if each instance had been emitted alone), False if the stage should be emitted as
         ordinary tasks (the stretch would stand for fewer than 2, or be one instance of a stage
-        in ``lone_stages``), and None while another stretch runs and the stage's partitions
-        are busy: the interpreter then waits rather than falling back to ordinary tasks (which
+        in ``lone_stages``, or the stage is slow or not yet timed, see below), and None while
+        another stretch runs, or a slow or untimed stage's earlier tasks, and the stage's
+        partitions are busy: the interpreter then waits rather than falling back to ordinary tasks (which
         would keep a compute loop out of fused mode for good). Waiting cannot deadlock:
         everything emitted so far, on every worker, can finish without anything emitted later.
         """
         st0 = self.program.stages[self.program.ops[self.pc][1]]
-        if st0.id in self.slow_stages:
-            return False
         g = self._fusable[st0.id]
         idxs = self.local[g]
         if not idxs:
             return False
-        if (st0.id in self._untimed and self.config.adapt_fused
-                and len(idxs) > self.config.max_fused):
-            # even one instance on every local partition is more than a first stretch: its
-            # tasks run alone until one has been timed (_time_task), a message waiting one
-            return False
+        if st0.id in self.slow_stages or (st0.id in self._untimed and self.config.adapt_fused
+                                          and len(idxs) > self.config.max_fused):
+            # Tasks too slow to fuse, or a stage not yet timed whose one instance on every
+            # local partition is more than a first stretch (_time_task times it): its tasks
+            # run alone, so that a message waits one task; and one instance at a time, since
+            # a snapshot's barrier or a move's cut comes after everything emitted, and the
+            # run-ahead window of such instances would be minutes of work
+            return False if self._quiet(st0, idxs) else None
         if st0.id in self.lone_stages and len(self._stretch(g, 2)[0]) == 1:
             return False  # long tasks between communications: see _tune_fusion
         if self.fused_live and not self._quiet(st0, idxs):
