@@ -320,8 +320,8 @@ def _abort_at_exit(status: int | BaseException) -> None:
 
 def leave() -> NoReturn:
     """End this process with status 0 once everything a normal exit does that anyone can see
-    is done: the rank's end recorded for ``canary run`` (when it launched this one), other
-    threads joined, the ``atexit`` handlers run, the Python files left open flushed, MPI
+    is done: other threads joined, the ``atexit`` handlers run, the Python files left open
+    flushed, the rank's end recorded for ``canary run`` (when it launched this one), MPI
     finalized; then C's ``exit(0)``, whose handlers flush what HDF5 holds open. What is
     skipped is the interpreter's teardown, which took 0.4 s of CPU once numba had loaded a
     kernel, on every rank of every job.
@@ -333,7 +333,6 @@ def leave() -> NoReturn:
     for name in program.never_run() if program is not None else ():
         print(f"canary: warning: program '{name}' was declared but never run (call "
               "canary.run(p) to run it)", file=sys.stderr, flush=True)
-    end_rank(0)
     import atexit
     import gc
     import io
@@ -354,15 +353,15 @@ def leave() -> NoReturn:
                     obj.flush()
             except (OSError, ValueError):
                 pass
+    _flush_standard_streams()
+    # recorded once what the rank wrote is out: `canary run` takes a recorded end for a
+    # delivered answer, and a kill before this point for a lost one
+    end_rank(0)
     mpi = active_mpi()
     # finalized as mpi4py would at exit, unless it was told not to
     if mpi is not None and sys.modules["mpi4py"].rc.finalize is not False:
         mpi.Finalize()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed, or a pipe nobody reads any more
-            pass
+    _flush_standard_streams()
     # C's exit(), not os._exit: the C libraries' exit handlers still run (MPICH's, HDF5's,
     # which closes the HDF5 files a driver left open).
     # After MPI_Finalize and os._exit, MPICH's process manager took the rank for a failed one
@@ -372,6 +371,14 @@ def leave() -> NoReturn:
 
     ctypes.CDLL(None).exit(0)
     os._exit(0)  # not reached
+
+
+def _flush_standard_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe nobody reads any more
+            pass
 
 
 if __name__ == "__main__":

@@ -734,7 +734,7 @@ def test_what_a_driver_leaves_to_the_exit_is_done_on_every_rank(launcher: str,
         assert (tmp_path / f"text-{rank}.txt").read_text() == f"rank {rank}\n" * 1000
         with h5py.File(tmp_path / f"table-{rank}.h5", "r") as f:
             assert np.array_equal(f["x"][()], np.arange(1000.0) * rank)
-        assert (tmp_path / f"thread-{rank}.txt").read_text() == "done\n"
+        assert (tmp_path / f"thread-{rank}.txt").read_text() == "done; end recorded: False\n"
 
 
 def test_an_argument_error_and_help_print_once() -> None:

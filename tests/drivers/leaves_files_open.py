@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import canary
+from canary.sentinel import RUN_DIR, record_path
 
 p = canary.Program("leaves_files_open")
 a, s = p.dataset("a", 2), p.dataset("s", 1)
@@ -41,8 +42,11 @@ del gone
 
 def later() -> None:
     time.sleep(0.3)
+    # under canary run: a rank's end is recorded only once what it does at the exit is done
+    run_dir = os.environ.get(RUN_DIR)
+    recorded = bool(run_dir) and os.path.exists(record_path(str(run_dir), "end", rank))
     with open(os.path.join(folder, f"thread-{rank}.txt"), "w") as f:
-        f.write("done\n")
+        f.write(f"done; end recorded: {recorded}\n")
 
 
 threading.Thread(target=later).start()
