@@ -51,9 +51,10 @@ class Fusion(WorkerCore):
         ordinary tasks (the stretch would stand for fewer than 2, or be one instance of a stage
         in ``lone_stages``, or the stage is slow or not yet timed, see below), and None while
         another stretch runs, or a slow or untimed stage's earlier tasks, and the stage's
-        partitions are busy: the interpreter then waits rather than falling back to ordinary tasks (which
-        would keep a compute loop out of fused mode for good). Waiting cannot deadlock:
-        everything emitted so far, on every worker, can finish without anything emitted later.
+        partitions are busy: the interpreter then waits rather than falling back to ordinary
+        tasks (which would keep a compute loop out of fused mode for good). Waiting cannot
+        deadlock: everything emitted so far, on every worker, can finish without anything
+        emitted later.
         """
         st0 = self.program.stages[self.program.ops[self.pc][1]]
         g = self._fusable[st0.id]
