@@ -678,7 +678,7 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
                 return
             next_look = now + 0.2
             # only until a rank has started: then a rank's sentinel sees its process manager go
-            if any(Path(folder).glob("start-*.json")):
+            if read_records(folder).starts:
                 watch = None
                 return
             children = _children(proc.pid) if proc.poll() is None else None
