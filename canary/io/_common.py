@@ -37,27 +37,34 @@ def check_exists(path: PathLike) -> str:
 
 
 #: How a binary file starts, for saying what a file given where text was expected is instead.
-ZIP_KIND = "; it is a zip archive (an .npz?)"  # what binary_kind says of them
-HDF5_KIND = "; it is an HDF5 file"
+ZIP_ARCHIVE = "a zip archive (an .npz?)"
+HDF5_FILE = "an HDF5 file"
 _MAGIC = (
     (b"\x93NUMPY", "a NumPy .npy array"),
-    (b"PK\x03\x04", ZIP_KIND[len("; it is "):]),
-    (b"\x89HDF\r\n\x1a\n", HDF5_KIND[len("; it is "):]),
+    (b"PK\x03\x04", ZIP_ARCHIVE),
+    (b"\x89HDF\r\n\x1a\n", HDF5_FILE),
     (b"\x1f\x8b", "gzip-compressed: decompress it first"),
     (b"\xff\xfe", "UTF-16 text: save it as UTF-8 or ASCII"),
     (b"\xfe\xff", "UTF-16 text: save it as UTF-8 or ASCII"),
 )
 
 
-def binary_kind(p: str) -> str:
-    """``"; it is WHAT"`` when the start of file ``p`` says what it is (``"; it is a NumPy .npy
-    array"``), else ``""``: the tail of an error saying what a file is not."""
+def file_kind(p: str) -> str | None:
+    """What the start of file ``p`` says it is (``"a NumPy .npy array"``, :data:`ZIP_ARCHIVE`,
+    :data:`HDF5_FILE`, ...), or None."""
     with open(p, "rb") as f:
         head = f.read(8)
     for magic, what in _MAGIC:
         if head.startswith(magic):
-            return f"; it is {what}"
-    return ""
+            return what
+    return None
+
+
+def binary_kind(p: str) -> str:
+    """``"; it is WHAT"`` when the start of file ``p`` says what it is (``"; it is a NumPy .npy
+    array"``), else ``""``: the tail of an error saying what a file is not."""
+    what = file_kind(p)
+    return f"; it is {what}" if what is not None else ""
 
 
 def first_nul(data: bytes | np.ndarray) -> int:

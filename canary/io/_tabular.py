@@ -11,13 +11,14 @@ import numpy as np
 
 from canary.io import _kernels as K
 from canary.io._common import (
-    HDF5_KIND,
-    ZIP_KIND,
+    HDF5_FILE,
+    ZIP_ARCHIVE,
     InputFormatError,
     PathLike,
     binary_kind,
     bom_note,
     check_exists,
+    file_kind,
     iter_text_blocks,
     line_of,
     locate_data_lines,
@@ -467,7 +468,7 @@ class _Arrays:
                 zf = zipfile.ZipFile(p)
             except zipfile.BadZipFile:
                 size = os.path.getsize(p)
-                if binary_kind(p) == ZIP_KIND:  # the start of one, the end missing
+                if file_kind(p) == ZIP_ARCHIVE:  # the start of one, the end missing
                     raise InputFormatError(
                         f"{p}: a damaged or truncated .npz file ({size} bytes: it starts as a "
                         "zip archive, but its end is not one): copy or save it again"
@@ -505,7 +506,7 @@ class _Arrays:
                         self.y_shape, self.y_dtype = tuple(y.shape), y.dtype
             except OSError as exc:
                 size = os.path.getsize(p)
-                if binary_kind(p) == HDF5_KIND:
+                if file_kind(p) == HDF5_FILE:
                     raise InputFormatError(
                         f"{p}: a damaged or truncated HDF5 file ({size} bytes; h5py: {exc}): "
                         "copy or save it again"
