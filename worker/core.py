@@ -76,7 +76,6 @@ class WorkerCore:
     stretches_run: int
     lone_stages: set[int]  # compute stages emitted as ordinary tasks from now on
     slow_stages: set[int]  # likewise, their tasks too long to fuse
-    _timed_stages: set[int]
     _untimed: set[int]
     _ran_alone: set[int]
 

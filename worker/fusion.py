@@ -34,8 +34,10 @@ class Fusion(WorkerCore):
         # covers every local partition, and is sized from the last one's time). They run as
         # ordinary tasks from then on, so that a message waits at most one task.
         self.slow_stages: set[int] = set()
-        self._timed_stages: set[int] = set()  # stages seen in a timed stretch
-        self._untimed = {sid for sid, g in enumerate(self._fusable) if g >= 0}  # the others
+        # Compute stages not yet timed (by a stretch, or an ordinary task: _time_task); with
+        # adapt_fused off nothing is learnt, and none is treated as untimed.
+        self._untimed = ({sid for sid, g in enumerate(self._fusable) if g >= 0}
+                         if self.config.adapt_fused else set())
         self._ran_alone: set[int] = set()  # untimed numba stages that ran an ordinary task
 
     def _fuse(self, out: list[Any]) -> bool | None:
@@ -61,7 +63,7 @@ class Fusion(WorkerCore):
         idxs = self.local[g]
         if not idxs:
             return False
-        if st0.id in self.slow_stages or (st0.id in self._untimed and self.config.adapt_fused
+        if st0.id in self.slow_stages or (st0.id in self._untimed
                                           and len(idxs) > self.config.max_fused):
             # Tasks too slow to fuse, or a stage not yet timed whose one instance on every
             # local partition is more than a first stretch (_time_task times it): its tasks
@@ -81,8 +83,7 @@ class Fusion(WorkerCore):
             limit = min(limit, cut - self.seq)
         limit = min(limit, self._stop_at - self.seq)  # a snapshot's barrier ends the stretch
         instances, datasets, pc, counters = self._stretch(g, limit)
-        if (self._untimed and self.config.adapt_fused
-                and len(instances) * len(idxs) > self.config.max_fused
+        if (self._untimed and len(instances) * len(idxs) > self.config.max_fused
                 and any(st.id in self._untimed for st, _ in instances)):
             # a stage never timed may take anything: a stretch sized from other stages' time
             # (a fast loop's, before a slow one) is sized as a worker's first instead
@@ -173,7 +174,7 @@ class Fusion(WorkerCore):
         per_task = seconds / stretch.tasks
         self.max_fused = stretch_budget(per_task, len(stretch.idxs), self.config)
         stages = {st.id: st for st, _, _ in stretch.instances}
-        compiled = all(sid in self._timed_stages or not is_numba_kernel(st.fn)
+        compiled = all(sid not in self._untimed or not is_numba_kernel(st.fn)
                        for sid, st in stages.items())
         if per_task >= self.config.fuse_max_s and compiled:
             self.slow_stages.update(stages)
@@ -181,7 +182,6 @@ class Fusion(WorkerCore):
             sid = stretch.instances[0][0].id
             if per_task >= self.config.lone_task_s and compiled:
                 self.lone_stages.add(sid)
-        self._timed_stages.update(stages)
         self._untimed.difference_update(stages)
 
     def _time_task(self, st: Stage, seconds: float) -> None:
@@ -193,7 +193,6 @@ class Fusion(WorkerCore):
             return
         if seconds >= self.config.fuse_max_s:
             self.slow_stages.add(st.id)
-        self._timed_stages.add(st.id)
         self._untimed.discard(st.id)
 
 

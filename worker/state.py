@@ -346,8 +346,7 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         if kind == K_COMPUTE or kind == K_LOAD:
             for p, v in zip(task.writes, res):
                 p.value = v
-            if kind == K_COMPUTE and ev.seconds is not None and st.id in self._untimed \
-                    and self.config.adapt_fused:
+            if kind == K_COMPUTE and ev.seconds is not None and st.id in self._untimed:
                 self._time_task(st, ev.seconds)
         elif kind == K_FUSED:
             stretch = task.stretch
