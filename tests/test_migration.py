@@ -544,8 +544,11 @@ def test_a_trace_shows_each_move_on_both_workers(cancer: Path, tmp_path: Path) -
     trace = tmp_path / "t.json"
     r = mpirun(3, "apps/logistic_regression.py", "--input", str(cancer), "--reg", "1e-2",
                "--tol", "1e-10", "--max-iter", "3000", "--partitions", "6", "--print-every",
-               "0", "--trace", str(trace), env_extra={"CANARY_CHAOS_MIGRATE": "3",
-                                                      "CANARY_TRACE_LEVEL": "loop"})
+               "0", "--trace", str(trace),
+               # a report every 50 ms, not 500: the loop lasts about 0.3 s, and a worker that
+               # ended it before its first report (under load) left none to check
+               env_extra={"CANARY_CHAOS_MIGRATE": "3", "CANARY_TRACE_LEVEL": "loop",
+                          "CANARY_REPORT_MS": "50"})
     assert r.returncode == 0, r.stderr[-2000:]
     moved = summary(r.stdout)["migrations"]
     spans = [e for e in json.loads(trace.read_text())["traceEvents"]
