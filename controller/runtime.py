@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from canary.controller.state import ControllerState
 from canary.errors import JobAborted
-from canary.idle import Backoff
+from canary.idle import Backoff, freeze_startup_objects
 from canary.messages import (
     CONTROLLER,
     Bye,
@@ -54,6 +54,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
     With ``checkpoint`` it takes snapshots (committing each: see :func:`canary.snapshot.commit`);
     with ``resume_from`` the job starts from that snapshot (its reports and task count).
     """
+    freeze_startup_objects()  # the imports' objects: no full collection walks them again
     state = ControllerState(
         program, comm.Get_size() - 1, policy, stall_s, checkpoint=checkpoint,
         first_snapshot=next_id(checkpoint.directory) if checkpoint is not None else 1,

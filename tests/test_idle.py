@@ -107,3 +107,15 @@ def test_hop_latency_benchmark_delivers_every_message_in_order() -> None:
     assert all(r["iterations"] == 8 and r["iteration_ms"] > 0 for r in runs)
     assert set(rows[-1]["app_iteration_ms"]) == {"logistic_regression@2000,8",
                                                  "pagerank@1024,8000"}
+
+
+def test_start_up_objects_are_frozen_once_per_process() -> None:
+    # in a child: freezing pytest's own objects would outlast this test
+    code = ("import gc, json; from canary.idle import freeze_startup_objects as f; "
+            "a = f(); n = gc.get_freeze_count(); x = [[] for _ in range(1000)]; b = f(); "
+            "print(json.dumps([a, n, b, gc.get_freeze_count()]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    first, frozen, again, after = json.loads(out)
+    assert first is True and frozen > 1000
+    assert again is False and after == frozen  # the later objects stay collectable

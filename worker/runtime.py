@@ -14,7 +14,13 @@ from typing import Any
 from mpi4py import MPI
 
 from canary.errors import JobAborted, TaskError
-from canary.idle import Backoff, cpu_times, tight_timer_slack, workers_fit_cores
+from canary.idle import (
+    Backoff,
+    cpu_times,
+    freeze_startup_objects,
+    tight_timer_slack,
+    workers_fit_cores,
+)
 from canary.messages import (
     CONTROLLER,
     Abort,
@@ -66,6 +72,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     """
     config = WorkerConfig.from_env() if config is None else config
     load_array_functions()
+    freeze_startup_objects()  # the imports' objects: no full collection walks them again
     CHAINS.compile_after = config.compile_after
     rank = comm.Get_rank()
     state = WorkerState(program, rank - 1, comm.Get_size() - 1, config,

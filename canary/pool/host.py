@@ -49,7 +49,7 @@ from canary.errors import (
     TaskError,
     user_error_line,
 )
-from canary.idle import tight_timer_slack
+from canary.idle import freeze_startup_objects, tight_timer_slack
 from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
 from canary.mpi_transport import Recycler
 from canary.pool.messages import (
@@ -835,6 +835,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     install()
     tight_timer_slack()  # the idle waits are short: wake on time, not 50 us late
+    freeze_startup_objects()  # a full collection walks what jobs allocate, not the imports
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     spool = Spool(args.dir)
     # each rank's process id, for `canary cluster status` and the benchmarks' memory readings

@@ -1,0 +1,26 @@
+"""Runs two small jobs; every rank prints, as JSON, how many objects the garbage collector had
+frozen before the first job, after it, and after the second."""
+
+import gc
+import json
+
+import numpy as np
+from mpi4py import MPI
+
+import canary
+
+p = canary.Program("freezes_once")
+a, s = p.dataset("a", 2), p.dataset("s", 1)
+p.load([a], lambda i, n: np.ones(3))
+p.load([s], lambda i, n: np.zeros(3))
+with p.loop(3):
+    p.broadcast(s, a)
+    p.compute(lambda x: x + 1.0, [a], [a], name="add")
+    p.reduce(a, s)
+p.report(s)
+counts = [gc.get_freeze_count()]
+canary.run(p)
+counts.append(gc.get_freeze_count())
+canary.run(p)
+counts.append(gc.get_freeze_count())
+print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "frozen": counts}), flush=True)
