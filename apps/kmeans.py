@@ -456,7 +456,7 @@ def _load_init(path: str, k: int | None, d: int) -> np.ndarray:
     if c.ndim != 2 or c.shape[1] != d or (k is not None and c.shape[0] != k) or c.shape[0] < 1:
         want = f"({k if k is not None else 'k'}, {d})"
         raise InputFormatError(f"{path}: initial centres have shape {c.shape}, expected {want}")
-    if c.dtype.kind not in "iuf":
+    if c.dtype.kind not in "biuf":  # as the data may be
         raise InputFormatError(f"{path}: initial centres have dtype {c.dtype}, expected numbers")
     c = np.array(c, dtype=np.float64, order="C", copy=True)  # owned, not a view of the map
     bad = ~np.isfinite(c)

@@ -137,6 +137,21 @@ def test_formats_give_the_same_answer(tmp_path: Path, digits: tuple) -> None:
         assert_matches(sk, X, r, c, lab)
 
 
+def test_bool_initial_centres_give_the_answer_of_the_same_centres_as_floats(
+        tmp_path: Path) -> None:
+    # bool data was accepted and bool centres (rows of it, say) refused. (Not against
+    # scikit-learn: 0/1 points tie on distances, which each breaks its own way.)
+    X = np.random.default_rng(3).random((300, 6)) < 0.4
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "C0.npy", X[[0, 50, 100, 150]])
+    np.save(tmp_path / "C0f.npy", X[[0, 50, 100, 150]].astype(float))
+    runs = [run_km(["--input", str(tmp_path / "X.npy"), "--init", str(tmp_path / name),
+                    "--tol", "0"]) for name in ("C0.npy", "C0f.npy")]
+    for got, want in zip(runs[0], runs[1]):
+        np.testing.assert_array_equal(got, want)
+    assert runs[0][0][0] >= 2  # iterations: the centres moved
+
+
 def test_k_larger_than_points(tmp_path: Path) -> None:
     np.save(tmp_path / "small.npy", np.arange(10.0).reshape(5, 2))
     args = km.parse_args(["--input", str(tmp_path / "small.npy"), "--k", "6"])
