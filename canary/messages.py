@@ -179,6 +179,17 @@ class MigrateDone(Message):
     nbytes: int
 
 
+@dataclass(slots=True)
+class MigrateShipped(Message):
+    """Source to controller: the partition of ``move`` has left this worker. Whatever this
+    worker sent the controller for it before the cut (its parts of reports) is ahead of this
+    message, so once it is in, no report part of the partition is still coming from here."""
+
+    eid: int
+    move: int
+    worker: int
+
+
 # ------------------------------------------------------------------ controller -> worker
 @dataclass(slots=True)
 class Placement(Message):

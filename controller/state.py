@@ -26,6 +26,7 @@ from canary.messages import (
     LoadReport,
     MigrateDone,
     MigrateOut,
+    MigrateShipped,
     MoveRequest,
     Placement,
     Progress,
@@ -48,8 +49,8 @@ class ControllerState(ControllerSnapshots):
     """Controller of ``n_workers`` workers running ``program``.
 
     Contract: instructions are :class:`Send`, :class:`Callback` (a report is complete),
-    :class:`Progress` (a line for the user), :class:`Finish` (all workers done and no partition
-    moving; exactly once) and :class:`Fail` (abort with a reason and the error to raise:
+    :class:`Progress` (a line for the user), :class:`Finish` (all workers done, no partition
+    moving and every held callback given; exactly once) and :class:`Fail` (abort with a reason and the error to raise:
     :class:`TaskError` for a failed task, :class:`ProgramMismatchError` for a worker that
     declared another program; at most once, after which events are ignored).
 
@@ -57,6 +58,12 @@ class ControllerState(ControllerSnapshots):
     move. For each, the controller bumps the entry's version, sends the map update to every
     worker and :class:`MigrateOut` to the source, and counts the partition as moving until the
     destination's :class:`MigrateDone`; a moving partition is not moved again before that.
+
+    Callbacks run in program order for each reported dataset. A moved partition's parts of
+    later reports come from its new worker and can reach rank 0 before its old worker's parts
+    of earlier ones (MPI orders each sender's messages, not several senders'); so while a
+    source has not said :class:`MigrateShipped` (which follows its report parts), completed
+    reports wait, and are then called in program order.
 
     Snapshots (``checkpoint``; see :mod:`canary.controller.snapshots`): on a :class:`Tick` when
     one is due, and :class:`CommitSnapshot` once every worker has written its part (numbered
@@ -92,6 +99,8 @@ class ControllerState(ControllerSnapshots):
         self._cause = 0  # eid of the message being handled
         self.policy = policy  # decides moves on each Tick (see canary.controller.balance)
         self.in_flight: dict[int, tuple[int, int, int, int, str]] = {}  # move -> g, i, src, dst, why
+        self.unshipped: set[int] = set()  # moves whose source has not said MigrateShipped
+        self.held: list[tuple[int, Callback]] = []  # (stage instance, callback) waiting for them
         self.migrations = 0
         self.bytes_migrated = 0
         self._moves = 0
@@ -123,6 +132,12 @@ class ControllerState(ControllerSnapshots):
             return self._fail(event.message, TaskError)
         if isinstance(event, MigrateDone):
             return self._on_migrate_done(event)
+        if isinstance(event, MigrateShipped):
+            self.unshipped.discard(event.move)
+            if self.unshipped:
+                return []
+            held, self.held = sorted(self.held, key=lambda h: h[0]), []
+            return [callback for _, callback in held] + self._finish_if_done()
         if isinstance(event, LoadReport):
             return self._on_load(event)
         if isinstance(event, Tick):
@@ -165,6 +180,9 @@ class ControllerState(ControllerSnapshots):
         assert len(self.done) <= self.n_workers
         assert not self.finished or not self.in_flight
         assert self.snapshot is None or not self.in_flight, "a partition moved during a snapshot"
+        assert self.unshipped <= set(range(1, self._moves + 1))
+        assert not self.held or self.unshipped, "callbacks held with no move to wait for"
+        assert not self.finished or not self.unshipped
 
     def moving(self, group: int, index: int) -> bool:
         """Whether partition ``index`` of ``group`` is under way (it may not move again yet)."""
@@ -189,6 +207,7 @@ class ControllerState(ControllerSnapshots):
             self._moves += 1
             self.map.move(g, i, dest)
             self.in_flight[self._moves] = (g, i, src, dest, why)
+            self.unshipped.add(self._moves)
             started.append((self._moves, g, i, src, dest))
         if not started:
             return out
@@ -253,7 +272,8 @@ class ControllerState(ControllerSnapshots):
         return out + self._finish_if_done()
 
     def _finish_if_done(self) -> list[Any]:
-        if len(self.done) < self.n_workers or self.in_flight:
+        # a source that had sent Done may still be shipping: its MigrateShipped comes later
+        if len(self.done) < self.n_workers or self.in_flight or self.unshipped:
             return []
         self.finished = True
         return self._broadcast(lambda: Shutdown(self._next_eid())) + [Finish(self._cause)]
@@ -293,7 +313,11 @@ class ControllerState(ControllerSnapshots):
         rep = ReportEvent(stage.name, ds.name, ev.iteration, values,
                           max(p.tasks for p in parts.values()),
                           max(p.seconds for p in parts.values()))
-        return [Callback(stage.callback, rep, self._cause)]
+        callback = Callback(stage.callback, rep, self._cause)
+        if self.unshipped:  # an earlier report's part may still be on its way
+            self.held.append((ev.seq, callback))
+            return []
+        return [callback]
 
     def _fail(self, reason: str, error: type[CanaryError]) -> list[Any]:
         self.failed = reason

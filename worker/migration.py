@@ -17,7 +17,9 @@ of the moving partition split cleanly by stage instance at a **cut**:
 4. The source lets every task before the cut finish (gathers included: it keeps receiving
    their pieces), then sends the values (:class:`~canary.messages.MigrateData`, and one
    :class:`~canary.messages.MigrateArray` each, a raw buffer) with the last stage instance that
-   touched each, and forwards the pieces it holds for instances from the cut on.
+   touched each, forwards the pieces it holds for instances from the cut on, and tells the
+   controller the partition has left (:class:`~canary.messages.MigrateShipped`), behind its
+   report parts of it.
 5. The destination installs the values and unfreezes the partition, so its waiting tasks go on
    exactly where the source stopped, and tells the controller
    (:class:`~canary.messages.MigrateDone`), which may then move the partition again.
@@ -45,6 +47,7 @@ from canary.messages import (
     MigrateDone,
     MigrateOffer,
     MigrateOut,
+    MigrateShipped,
     Piece,
     worker_rank,
 )
@@ -159,6 +162,8 @@ class Migration(WorkerCore):
                 self._forward(Piece(0, seq, d, src, (j,), (0,), array), mv.dest, out)
         del self.moves_out[mv.move]
         del self._moving[(mv.group, i)]
+        # behind this worker's report parts of the partition, which MPI keeps in order
+        self._send_out(CONTROLLER, MigrateShipped(self._next_eid(), mv.move, self.worker), out)
 
     # ---------------------------------------------------------------- the destination
     def _on_migrate_offer(self, ev: MigrateOffer, out: list[Any]) -> None:
