@@ -631,11 +631,15 @@ def job_environment(env: dict[str, str], folder: str, ranks: int) -> dict[str, s
 def rank_lost(end: JobEnd, status: int) -> bool:
     """Whether the job ended because a rank died (killed, out of memory, its host lost), not
     because the driver or a kernel failed, the launcher stopped it or its time ran out: the
-    case a relaunch from a snapshot recovers (``canary run --restarts``)."""
+    case a relaunch from a snapshot recovers (``canary run --restarts``). Never once the
+    controller's driver had ended with 0: the job's results were out, and a relaunch would run
+    it again, and print its answer a second time, for lines that may not have come through."""
     if status == 0 or end.stopped_by is not None or end.timed_out is not None \
             or end.stuck is not None:
         return False
     rec = end.records
+    if rec.ends.get(0) == 0:
+        return False
     if end.mpiexec_status < 0 or rec.orphaned or (
             not rec.gone and not end.aborts and not any(rec.ends.values())
             and (_killed_sentinel(end) is not None or _killed_unstarted(end) is not None)):

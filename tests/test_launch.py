@@ -234,6 +234,8 @@ def test_a_killed_mpiexec_or_process_manager_is_never_success_and_is_named() -> 
     assert status == 137 and lines[0].startswith(
         "canary: mpiexec (pid 77) was killed by SIGKILL as the job ended: the controller had "
         "finished, but its last output may not have reached canary run")
+    # not relaunched: that ran the whole job again and printed its answer twice
+    assert not rank_lost(end(done, -9, mpiexec_pid=77), status)
     status, lines = verdict(end(records(ends={1: 0}), -15, mpiexec_pid=77))
     assert status == 143 and lines == [
         "canary: mpiexec (pid 77) was killed by SIGTERM before the job finished; the ranks it "
@@ -250,6 +252,7 @@ def test_a_killed_mpiexec_or_process_manager_is_never_success_and_is_named() -> 
     assert rank_lost(end(rec, 255), status)  # --restarts relaunches it
     late = RunRecords(records().starts, {0: 0, 1: 0}, {}, {2: lost[2]})
     assert verdict(end(late, 255))[0] == 1  # the controller's host: its output went through it
+    assert not rank_lost(end(late, 255), 1)  # but the controller had finished
     # every rank finished, yet hydra failed: its proxy died with the last lines
     assert verdict(end(done, 255))[0] == 1
 
