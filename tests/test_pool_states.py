@@ -481,6 +481,21 @@ def test_a_cancelled_job_ends_with_the_reason_and_frees_the_workers() -> None:
     assert isinstance(run.results[2], canary.JobResult)
 
 
+def test_a_job_whose_driver_gave_up_on_a_worker_is_dropped_there_when_aborted() -> None:
+    # the worker marked the job broken and then ignored every message of it, its Abort
+    # included: the job stayed on the worker for good, counted in every probe's load
+    from canary.messages import Abort
+
+    w = JobsWorker(0, 1, "fifo")
+    w.handle(JobStart(1, 1, 0, (1,), JobSpec()))
+    w.handle(Declared(2, 1, program("p", parts=1, iters=1)))
+    out = w.handle(DriverEnded(3, 1, 0, "its driver failed: boom"))
+    assert out == [Send(CONTROLLER, DriverEnded.match(job=1, worker=0), 3)]
+    assert w.handle(Envelope(1, Abort(4, "the job stopped on worker 0"))) == [
+        Release(1, "the job stopped on worker 0", JobAborted, None, 4)]
+    assert not w.jobs and w.load == 0
+
+
 def test_a_task_handed_out_for_a_job_that_ends_frees_the_core_for_the_next() -> None:
     from canary.messages import Abort, Placement
     from canary.partition_map import PartitionMap

@@ -269,7 +269,8 @@ class JobsWorker:
 
     Guarantees: a job's events reach only its own state; a job's messages that arrive before
     its driver declared wait for it; messages of a job no longer here are dropped; a job whose
-    state raises is reported to rank 0 (:class:`DriverEnded`) and runs nothing more.
+    state raises, or whose driver here gave up, is reported to rank 0 (:class:`DriverEnded`)
+    and runs nothing more until its end (``Abort`` or :class:`JobEnd`) drops it.
     """
 
     def __init__(self, worker: int, n_workers: int, policy: str = "fair",
@@ -388,13 +389,15 @@ class JobsWorker:
         if kind is TaskDone or kind is TaskFailed:
             self._task_finished(ev.job, msg, now)
         j = self.jobs.get(ev.job)
-        if j is None or j.broken:
+        if j is None:
             return  # a job that ended here: its late messages and task have nowhere to go
         if kind is Shutdown:
             self._end(ev.job, None, out)
             return
-        if kind is Abort:
+        if kind is Abort:  # also for a broken job: its end is what it waits for
             self._end(ev.job, msg.reason, out)
+            return
+        if j.broken:
             return
         if j.state is None:
             j.inbox.append(msg)
