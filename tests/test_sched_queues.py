@@ -112,3 +112,16 @@ def test_make_queue_builds_each_policy_with_its_options() -> None:
     assert isinstance(make_queue("hfsp").jobs, HfspJobs)  # HFSP by default
     with pytest.raises(ValueError, match="unknown queue policy"):
         make_queue("lifo")
+
+
+def test_discard_drops_one_jobs_items_and_keeps_the_others_order() -> None:
+    q = PriorityQueue()
+    for name, job, prio in [("a", 1, 1), ("b", 2, 0), ("c", 1, 0), ("d", 2, 1)]:
+        q.push(Item(job=job, priority=prio, payload=name), 0.0)
+    assert q.discard(1) == 2 and len(q) == 2
+    assert drain(q) == ["b", "d"]
+    f = WeightedFairQueue()
+    for name, job, user in [("a", 1, 0), ("b", 2, 1), ("c", 1, 0), ("d", 2, 1), ("e", 3, 0)]:
+        f.push(Item(job=job, user=user, payload=name), 0.0)
+    assert f.discard(1) == 2 and len(f) == 3
+    assert drain(f) == ["b", "d", "e"]  # e's tag is after a's and c's: it stays there

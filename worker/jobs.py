@@ -230,15 +230,7 @@ class JobQueue:
                 self._jobs.remove_job(key)
         elif units:
             assert self._items is not None
-            # the policy objects have no removal: rebuild without the job's items
-            kept: list[Item] = []
-            while len(self._items):
-                it = self._items.pop(0.0)
-                assert it is not None
-                if it.job != key:
-                    kept.append(it)
-            for it in kept:
-                self._items.push(it, 0.0)
+            self._items.discard(key)
         return units
 
 

@@ -97,6 +97,19 @@ class PriorityQueue:
     def task_finished(self, item: Item, now: float, duration: float) -> None:
         pass
 
+    def discard(self, job: int) -> int:
+        """Drop every queued item of ``job`` (a job that ended); the others keep their order.
+        Returns how many were dropped."""
+        dropped = 0
+        for lvl, q in self._levels.items():
+            kept = deque(it for it in q if it.job != job)
+            dropped += len(q) - len(kept)
+            self._levels[lvl] = kept
+        self._heap = [lvl for lvl, q in self._levels.items() if q]
+        heapq.heapify(self._heap)
+        self._n -= dropped
+        return dropped
+
 
 class WeightedFairQueue:
     """Weighted fair sharing across users (start-time fair queuing).
@@ -158,6 +171,16 @@ class WeightedFairQueue:
         if self.charge == "measured" and item.user in self._finish:
             w = self.weights.get(item.user, self.default_weight)
             self._finish[item.user] += (max(duration, 0.0) - item.cost) / w
+
+    def discard(self, job: int) -> int:
+        """Drop every queued item of ``job`` (a job that ended); the others keep their tags
+        (popping and pushing them again would charge each its cost a second time). The
+        dropped items stay charged to their user. Returns how many were dropped."""
+        kept = [e for e in self._heap if e[2].job != job]
+        dropped = len(self._heap) - len(kept)
+        heapq.heapify(kept)
+        self._heap = kept
+        return dropped
 
 
 QUEUE_POLICIES = ("fifo", "priority", "fair", "hfsp")
