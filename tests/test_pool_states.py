@@ -523,6 +523,21 @@ def test_a_job_whose_driver_gave_up_on_a_worker_is_dropped_there_when_aborted() 
     assert not w.jobs and w.load == 0
 
 
+def test_in_process_a_job_cancelled_mid_task_holds_its_worker_until_the_task_ends() -> None:
+    # a task is never preempted: run_jobs_local freed the core at the cancel and ran the
+    # next job's task alongside the cancelled one's, two at once in virtual time
+    for seed in range(4):
+        run = run_jobs_local([LocalJob(program("long", 2, 20), task_time=0.01,
+                                       kind_time={"fused": 5.0}, cancel_at=12.0),
+                              LocalJob(program("short", 2, 20), task_time=0.5)],
+                             workers=1, policy="fair", placement="random", seed=seed,
+                             mean_delay=0.01, validate=True)
+        assert isinstance(run.results[1], JobAborted) and isinstance(run.results[2],
+                                                                     canary.JobResult)
+        spans = sorted(run.spans[0])
+        assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:])), seed
+
+
 def test_a_task_handed_out_for_a_job_that_ends_frees_the_core_for_the_next() -> None:
     from canary.messages import Abort, Placement
     from canary.partition_map import PartitionMap

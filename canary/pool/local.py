@@ -4,7 +4,8 @@ discrete-event transport in virtual time (as :func:`canary.run_local` runs one j
 Each job is a declared :class:`~canary.Program` (no driver script): its "driver" declares at
 once wherever the pool starts it. Messages get random delays, keeping MPI's order per sender
 and receiver; every task takes a random virtual duration (``LocalJob.task_time`` on average),
-during which its worker runs nothing else. The same seed gives the same run, decisions
+during which its worker runs nothing else, even if its job ends meanwhile (a task is never
+preempted: the worker's next task starts when it is over). The same seed gives the same run, decisions
 included; every job must give the answer of its solo run under every seed.
 """
 
@@ -106,6 +107,7 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
     pool = [JobsWorker(w, workers, policy, config) for w in range(workers)]
     heap: list[tuple[float, int, int, Any]] = []
     last: dict[tuple[int, int], float] = {}
+    busy = [0.0] * workers  # until when each worker's core runs its latest task
     counter = 0
     now = 0.0
     out = LocalPoolRun(ran=[[] for _ in range(workers)], spans=[[] for _ in range(workers)])
@@ -141,8 +143,14 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
             elif kind is StartDriver:
                 push(now, -rank, Declared(eid(rank), ins.job, by_id[ins.job].program))
             elif kind is RunJobTask:
+                if now < busy[rank - 1]:
+                    # the core still runs a task of a job that ended meanwhile (a task is never
+                    # preempted): this one starts when that one is over
+                    push(busy[rank - 1], -rank, ins)
+                    continue
                 job_state = pool[rank - 1].state_of(ins.job)
-                assert job_state is not None, "a task handed out for a job that ended"
+                if job_state is None:  # its job ended before it started: dropped, as on a host
+                    continue
                 ev = run_task(job_state, ins.task, eid(rank))
                 if type(ev) is TaskDone:
                     if ins.task.kind == K_LOAD and workers > 1:  # a process's own copy
@@ -152,6 +160,7 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
                     ev.seconds = rng.expovariate(1.0 / mean)
                     out.ran[rank - 1].append(ins.job)
                     out.spans[rank - 1].append((now, now + ev.seconds, ins.job, ins.task.kind))
+                    busy[rank - 1] = now + ev.seconds
                     push(now + ev.seconds, -rank, Envelope(ins.job, ev))
                 else:
                     push(now, -rank, Envelope(ins.job, ev))
@@ -201,6 +210,9 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
         else:
             rank = abs(dest)
             w = pool[rank - 1]
+            if type(item) is RunJobTask:  # handed out while the core was busy: it starts now
+                carry(rank, [item])
+                continue
             carry(rank, w.handle(item, now))
             if validate:
                 for wj in w.jobs.values():
