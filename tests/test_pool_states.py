@@ -33,6 +33,7 @@ from canary.pool.messages import (
     Unreserve,
 )
 from canary.sched.placement import make_placement
+from canary.sched.queues import WeightedFairQueue
 from canary.worker.jobs import JobQueue, JobsWorker, instance_bound
 
 
@@ -263,6 +264,18 @@ def test_removing_a_job_leaves_the_other_users_fair_shares_as_they_were() -> Non
         q.finished(got[0], seconds, now)
         q.push(got[0], None, now)
     assert used[1] / (used[1] + used[2]) == pytest.approx(0.5, abs=0.02)
+
+
+def test_the_latest_job_of_a_user_sets_the_users_weight_on_a_worker() -> None:
+    # an older job's start (its JobStart comes after the newer job's reservation) set the
+    # user's weight back to the older job's
+    w = JobsWorker(0, 2, "fair")
+    w.handle(Reserve(1, 1, JobSpec(user="ann", weight=1.0, workers=2)))
+    w.handle(Reserve(2, 2, JobSpec(user="ann", weight=3.0, workers=2)))
+    w.handle(JobStart(3, 1, 0, (1,), JobSpec(user="ann", weight=1.0, workers=2)))
+    items = w.queue._items
+    assert isinstance(items, WeightedFairQueue)
+    assert items.weights[w.user_id("ann")] == 3.0
 
 
 def test_bad_queue_input_is_rejected_with_a_clear_error() -> None:

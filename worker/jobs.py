@@ -105,18 +105,20 @@ def instance_bound(ops: Sequence[tuple[Any, ...]], unbounded_while: int = 100) -
 class JobQueue:
     """Which job's ready unit (a task, or a reservation) a worker serves next.
 
-    Keys are job ids for tasks and ``-job`` for a job's reservation. Each key is registered
-    with :meth:`add_job` and dropped with :meth:`remove_job`; :meth:`push` queues one unit,
-    :meth:`pop` returns the next ``(key, unit)`` the policy picks (None when empty), and every
-    popped unit must be :meth:`finished` with the seconds it ran. The policies are the objects
-    of :mod:`canary.sched`, the simulator's:
+    Keys are job ids (increasing in submission order) for tasks and ``-job`` for a job's
+    reservation. Each key is registered with :meth:`add_job` and dropped with
+    :meth:`remove_job`; :meth:`push` queues one unit, :meth:`pop` returns the next ``(key,
+    unit)`` the policy picks (None when empty), and every popped unit must be :meth:`finished`
+    with the seconds it ran. The policies are the objects of :mod:`canary.sched`, the
+    simulator's:
 
     * ``fifo``: :class:`~canary.sched.hfsp.FifoJobs`, jobs in the order they arrived here;
     * ``priority``: :class:`~canary.sched.queues.PriorityQueue`, strict levels (0 first),
       first come first served within a level;
     * ``fair``: :class:`~canary.sched.queues.WeightedFairQueue` across users, weights per user,
       charging each unit the seconds it ran (``charge="measured"``: a unit is queued at its
-      job's last task seconds and corrected when it finished), so shares are of CPU time;
+      job's last task seconds and corrected when it finished), so shares are of CPU time; a
+      user's weight is that of its latest job registered here (the highest id);
     * ``hfsp``: :class:`~canary.sched.hfsp.HfspJobs` (size-based with aging). A job starts
       with estimate 0 (served first: HFSP's training phase) until :meth:`set_estimate`.
 
@@ -143,6 +145,7 @@ class JobQueue:
         self._cost: dict[int, float] = {}  # key -> seconds its last unit took (fair)
         self._running: dict[int, int] = {}  # key -> popped units not yet finished
         self._popped: dict[int, deque[Item]] = {}  # key -> its popped items (fair, priority)
+        self._weighed: dict[int, int] = {}  # user -> the job that set its weight (fair)
         self._n = 0
 
     def __len__(self) -> int:
@@ -164,7 +167,10 @@ class JobQueue:
         if self._jobs is not None:
             self._jobs.add_job(key, _NO_LIMIT, now, estimate=0.0 if self.policy == "hfsp"
                                else None, pending=0)
-        elif isinstance(self._items, WeightedFairQueue):
+        elif isinstance(self._items, WeightedFairQueue) and abs(key) >= self._weighed.get(user, 0):
+            # the latest job of a user sets its weight: an older job that starts here after a
+            # newer one's reservation came must not set it back
+            self._weighed[user] = abs(key)
             self._items.weights[user] = weight
 
     def push(self, key: int, unit: Any, now: float) -> None:
