@@ -870,3 +870,45 @@ def test_a_dropped_worker_state_frees_its_partitions_without_waiting_for_a_colle
         assert freed() is None and not held.alive
     finally:
         gc.enable()
+
+
+def test_report_marks_stay_bounded_on_a_worker_that_holds_no_reported_partition() -> None:
+    # A worker holding no partition of a reported dataset (every worker but one, for a model
+    # reported each iteration) kept the report's mark for every instance: one entry an
+    # iteration, for the whole job (MBs an hour on a long run).
+    p = Program("reported")
+    c = p.dataset("c", 1)
+    p.load([c], lambda i, n: np.zeros(1))
+    with p.loop(300):
+        p.compute(lambda v: v + 1, [c], [c], name="inc")
+        p.report(c)
+    prog = p.finalize()
+    idle, out = placed(prog, worker=1)  # c lives on worker 0
+    assert out == [Send.match(message=Done.match())] and idle.ended and idle.seq > 600
+    assert idle.report_marks == {}
+    holder, out = placed(prog, worker=0, max_fused=0)
+    run_tasks(holder, out)
+    assert holder.ended and holder.report_marks == {}
+
+
+def test_report_marks_stay_bounded_over_a_long_job_with_moves() -> None:
+    # the same over the whole job, every worker, with partitions moving between them
+    import canary
+
+    p = Program("reported_loop")
+    x, s = p.dataset("x", 4), p.dataset("s", 1)
+    p.load([x], lambda i, n: np.full(2, float(i)))
+    p.load([s], lambda i, n: np.zeros(2))
+    with p.while_(lambda v: v[0] < 1e18, on=s, max_iter=400):
+        p.compute(lambda v: v + 1, [x], [x], name="inc")
+        p.reduce(x, s)
+        p.report(s)
+    most = [0]
+
+    def watch(ctrl: Any, states: list[WorkerState]) -> list[Any]:
+        most[0] = max(most[0], *(len(st.report_marks) for st in states))
+        return []
+
+    r = canary.run_local(p, workers=2, seed=3, chaos=3, inject=watch)
+    assert r.value("s")[0] == 4 * 400 + 6  # 400 passes over x = 0..3
+    assert most[0] <= WorkerConfig().window, most[0]

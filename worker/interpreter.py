@@ -162,11 +162,14 @@ class Interpreter(WorkerCore):
                 n = 1
         else:
             kind = _KIND_OF[st.kind]
-            if kind == K_REPORT:
-                self.report_marks[seq] = self.program_tasks
             plan = self._plans.get((st.id, kind))
             if plan is None:
                 plan = self._plan(st, kind)
+            if kind == K_REPORT and plan:
+                # only where a task of the report runs here: the mark goes with the instance's
+                # last local task (state._on_task_done), and a worker holding no partition of
+                # the dataset (every worker but one, for a model) would keep one per iteration
+                self.report_marks[seq] = self.program_tasks
             tasks = self.tasks
             tid = self._tid
             for i, (acc, rd, wr) in plan.items():  # _new_task inlined: the hot path
