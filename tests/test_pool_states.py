@@ -692,3 +692,26 @@ def test_a_drivers_context_and_its_result_go_when_dropped_without_a_collection()
         assert gone() is None and not held.alive
     finally:
         gc.enable()
+
+
+def test_rank_0_keeps_nothing_of_a_cancelled_job_once_it_ended(tmp_path: Path) -> None:
+    # each cancelled job's reason stayed in ControllerHost.cancelled for the pool's life: one
+    # entry per cancel (a submitter's Ctrl-C, `canary cancel`), never dropped
+    from itertools import count
+    from types import SimpleNamespace
+
+    from canary.pool.host import ControllerHost
+    from canary.pool.spool import Spool
+
+    host = ControllerHost.__new__(ControllerHost)  # rank 0's bookkeeping, without MPI
+    host.rank, host.ids, host.spool = 0, count(1), Spool(tmp_path)
+    host.state = JobsController(2, "batch-late", d=1.0, seed=0)
+    host.logs, host.status, host.cancelled, host.wait_noted = {}, {}, {}, {}
+    host.tx = SimpleNamespace(send=lambda dest, msg: None)
+    for job in range(1, 41):
+        host.spool.job_dir(job).mkdir(parents=True)
+        host.job_status(job, state="placing")
+        host.carry(host.state.handle(Submit(job, job, JobSpec("drv.py"))))
+        host._cancel(job, f"its submitter (pid {job}) went away")
+        assert host.spool.status_file(job).read_text().count('"cancelled"') == 1
+    assert host.cancelled == {} and host.status == {} and host.state.jobs == {}

@@ -732,6 +732,7 @@ class ControllerHost(_Host):
         self.state.forget(job)
         self.status.pop(job, None)
         self.wait_noted.pop(job, None)
+        self.cancelled.pop(job, None)  # read above and by _release, which comes before this
 
     def _scan(self) -> None:
         sp = self.spool
