@@ -9,7 +9,7 @@ import pytest
 import canary
 import canary.worker.execute
 from canary import Program, TaskError
-from canary.worker.chain import ChainCache, split_period
+from canary.worker.chain import MAX_BODIES, ChainCache, split_period
 
 
 @numba.njit(cache=True)
@@ -124,3 +124,31 @@ def test_failure_inside_a_compiled_loop_names_instance_and_partition(chains: Cha
                                         r"partition 0 .*reached five"):
         canary.run_local(loop_program([_inc, _fail_at_5], 9), workers=1)
     assert chains.compiled == 1
+
+
+def test_a_process_running_many_programs_keeps_few_of_their_kernels() -> None:
+    # Each program a process runs (a pool worker's jobs, a driver calling canary.run in a loop)
+    # may declare kernels of its own: the cache counted every body it ever saw, holding its
+    # kernels and what they hold (closures, globals) for the process's whole life.
+    import gc
+    import weakref
+
+    cache = ChainCache(compile_after=10**9)  # counted, never compiled
+    first: list[weakref.ref] = []
+    for k in range(MAX_BODIES + 40):
+        big = np.full(1000, float(k))  # what a job's kernel holds
+        python_kernel = lambda v, big=big: v + big[0]  # noqa: E731
+        numba_kernel = numba.njit(lambda v: v)  # a dispatcher of its own, never compiled here
+        assert cache.runner([python_kernel] * 4, 4) is None
+        assert cache.runner([numba_kernel] * 4, 4) is None
+        if k == 0:
+            first = [weakref.ref(python_kernel), weakref.ref(numba_kernel)]
+        del python_kernel, numba_kernel, big
+    gc.collect()
+    assert len(cache.python_tasks) == MAX_BODIES and not cache.loops
+    assert [r() for r in first] == [None, None]
+    # a body still in use keeps counting towards compiling it
+    cache.compile_after = 8
+    assert cache.runner([_inc] * 4, 8) is None
+    got = cache.runner([_inc] * 4, 8)
+    assert got is not None and cache.compiled == 1

@@ -18,12 +18,18 @@ the compiled loop only ever sees kernels already seen to return arrays.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from canary.worker.config import WorkerConfig
 
 MAX_BODY = 16  # longest body compiled (a stretch with no shorter period is one long body)
+# Bodies remembered (their task counts and compiled loops), the least recently run dropped
+# first. Every entry holds its kernels, and with them whatever they hold (closures, globals):
+# a process that runs many programs (a pool worker, a driver calling canary.run in a loop),
+# each declaring kernels of its own, kept every one of them for its whole life.
+MAX_BODIES = 64
 
 _FAILED = object()
 
@@ -63,8 +69,8 @@ class ChainCache:
     # an MPI worker sets its WorkerConfig's (CANARY_COMPILE_AFTER, read with the other knobs)
     def __init__(self, compile_after: int = WorkerConfig.compile_after) -> None:
         self.compile_after = compile_after
-        self.python_tasks: dict[tuple[Any, ...], int] = {}
-        self.loops: dict[tuple[Any, ...], Any] = {}
+        self.python_tasks: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+        self.loops: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self.compiled = 0
 
     def runner(self, fns: Sequence[Any], tasks: int) -> tuple[Any, int, int] | None:
@@ -73,19 +79,35 @@ class ChainCache:
         if loop is _FAILED:
             return None
         if loop is None:
+            if len(body) > MAX_BODY or not all(is_numba_kernel(f) for f in body):
+                return None  # never compiled: nothing to count, and nothing of it kept
             seen = self.python_tasks.get(body, 0)
-            if seen < self.compile_after or len(body) > MAX_BODY:
-                self.python_tasks[body] = seen + tasks
+            if seen < self.compile_after:
+                _remember(self.python_tasks, body, seen + tasks)
                 return None
-            loop = self.loops[body] = _compile(body)
+            self.python_tasks.pop(body, None)
+            loop = _compile(body)
+            _remember(self.loops, body, loop)
             if loop is _FAILED:
                 return None
             self.compiled += 1
+        else:
+            self.loops.move_to_end(body)
         return loop, reps, tail
 
     def failed(self, fns: Sequence[Any]) -> None:
-        self.loops[split_period(fns)[0]] = _FAILED
+        _remember(self.loops, split_period(fns)[0], _FAILED)
         self.compiled -= 1
+
+
+def _remember(table: OrderedDict[tuple[Any, ...], Any], body: tuple[Any, ...],
+              value: Any) -> None:
+    """Set ``table[body]`` as the most recently run, dropping the least recent past
+    ``MAX_BODIES``."""
+    table[body] = value
+    table.move_to_end(body)
+    if len(table) > MAX_BODIES:
+        table.popitem(last=False)
 
 
 CHAINS = ChainCache()  # this process's compiled loops (compiled code is per process anyway)
