@@ -37,6 +37,7 @@ from canary.messages import (
     Fail,
     Failed,
     Finish,
+    Hello,
     Progress,
     ReportPart,
     Send,
@@ -327,6 +328,13 @@ class JobsController:
         if ev.clean and j.state is None and j.info.state == "running":
             if ev.worker >= 0:
                 j.clean_exits.append(ev.worker)
+                return
+            declared = [m.worker for m in j.inbox if type(m) is Hello]
+            if declared:  # (a worker's Hello still on its way is not seen: it gets JobEnd)
+                self._abort(j, f"the driver on rank 0 exited with status 0 without running a "
+                               f"program, and the one on {_where(declared[0])} declared a "
+                               "program: every rank runs the same driver, so it must not "
+                               "choose by rank, host, time or an unseeded random", out)
                 return
             self._end_undeclared(j, None, out)
             return

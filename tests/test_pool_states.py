@@ -12,7 +12,7 @@ import pytest
 import canary
 from canary.controller.jobs import JobsController
 from canary.errors import JobAborted, TaskError
-from canary.messages import CONTROLLER, Send, worker_rank
+from canary.messages import CONTROLLER, Hello, Send, worker_rank
 from canary.pool.local import LocalJob, run_jobs_local
 from canary.pool.messages import (
     Cancel,
@@ -368,6 +368,20 @@ def test_a_worker_driver_that_exits_0_while_rank_0_declares_a_program_aborts_the
     assert reason is not None and reason.startswith(
         "the driver on worker 1 (rank 2) exited with status 0 without running a program, and "
         "the one on rank 0 declared a program")
+    assert Release(1, reason, JobAborted, None, 21) in out
+
+
+def test_rank_0_driver_that_exits_0_while_a_worker_declared_a_program_aborts_the_job() -> None:
+    # it ended the job as done, with no program, and the worker's program dropped
+    ctrl, ranks = _running()
+    p = program("p", 2, 2)
+    ctrl.handle(Envelope(1, Hello(20, 1, p.digest, p.statements())))  # waits for rank 0's
+    out = ctrl.handle(DriverEnded(21, 1, -1, "its driver exited with status 0", True))
+    assert ctrl.info(1).state == "ended"
+    reason = ctrl.info(1).reason
+    assert reason is not None and reason.startswith(
+        "the driver on rank 0 exited with status 0 without running a program, and the one on "
+        "worker 1 (rank 2) declared a program")
     assert Release(1, reason, JobAborted, None, 21) in out
 
 
