@@ -310,4 +310,4 @@ def run_local(
     return JobResult(ctrl.results, ctrl.tasks_run, workers, time.perf_counter() - t0,
                      dict(ctrl.received), dict(ctrl.sent), 0.0, worker_sent, ctrl.migrations,
                      ctrl.bytes_migrated, ctrl.snapshots_committed,
-                     None if snap is None else snap.id, events)
+                     None if snap is None else snap.id, events, ctrl.program.reported)

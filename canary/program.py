@@ -486,6 +486,11 @@ class Program:
         return self
 
     @property
+    def reported(self) -> frozenset[str]:
+        """The names of the datasets some report stage sends to rank 0."""
+        return frozenset(st.reads[0].name for st in self.stages if st.kind == REPORT)
+
+    @property
     def updated_in_place(self) -> frozenset[int]:
         """The ids of the datasets some compute stage both reads and writes: a kernel may
         update their partitions in place (return its input), so a worker must own them."""

@@ -40,6 +40,9 @@ class JobResult:
     snapshots: int = 0  # snapshots committed while the job ran
     resumed_from: int | None = None  # the snapshot the job resumed from, if it did
     events: int = 0  # events the in-process runner handled (0 over MPI)
+    # the datasets the program has a report of: one of them missing from ``results`` had its
+    # report in a loop of no passes or a branch not taken, not left out of the program
+    reports: frozenset[str] = frozenset()
 
     @property
     def controller_cpu_percent(self) -> float | None:
@@ -78,6 +81,9 @@ class JobResult:
         if not isinstance(name, str):  # a Dataset was said to be "not reported"
             raise TypeError(f"give the dataset's name, e.g. {getattr(name, 'name', 'x')!r}, not "
                             f"{name!r}")
+        if name not in self.results and name in self.reports:
+            raise KeyError(f"dataset '{name}' has no reported value: its report never ran (it is "
+                           "in a loop of no passes, or in a branch not taken)")
         if name not in self.results:
             raise KeyError(f"dataset '{name}' was not reported: declare p.report(dataset) in the "
                            f"program (reported: {', '.join(sorted(self.results)) or 'none'})")

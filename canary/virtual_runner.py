@@ -583,6 +583,6 @@ def run_virtual(program: Program, workers: int, network: Network,
             worker_sent[k] = worker_sent.get(k, 0) + v
     job = JobResult(ctrl.results, ctrl.tasks_run, workers, time.perf_counter() - t0,
                     dict(ctrl.received), dict(ctrl.sent), 0.0, worker_sent, ctrl.migrations,
-                    ctrl.bytes_migrated)
+                    ctrl.bytes_migrated, reports=ctrl.program.reported)
     return VirtualResult(job, end, {k: [v[s] for s in sorted(v)]
                                     for k, v in signal_ends.items()}, stats)

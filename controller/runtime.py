@@ -125,7 +125,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                                    _sum_counts([d.messages_sent for d in state.done.values()]),
                                    state.migrations, state.bytes_migrated,
                                    state.snapshots_committed,
-                                   None if resume_from is None else resume_from.id)
+                                   None if resume_from is None else resume_from.id,
+                                   reports=state.program.reported)
                 await_byes(tx, state.n_workers, close_s, tracer)
                 tx.flush()
                 return result

@@ -308,6 +308,20 @@ def test_a_result_names_what_was_not_reported_and_what_has_several_partitions() 
         result.value("a")
 
 
+def test_a_result_says_a_report_that_never_ran_was_declared() -> None:
+    p = Program("report_in_branch")
+    s = p.dataset("s", 1)
+    p.load([s], lambda i, n: np.zeros(1))
+    with p.if_(lambda v: bool(v[0] > 0), on=s, name="never"):
+        p.report(s)
+    result = canary.run_local(p, workers=2)
+    # not "declare p.report(dataset) in the program": the program has one
+    with pytest.raises(KeyError, match=r"dataset 's' has no reported value: its report never "
+                                       r"ran \(it is in a loop of no passes, or in a branch "
+                                       r"not taken\)"):
+        result.value("s")
+
+
 def test_signal_must_return_a_bool() -> None:
     p = Program("sig")
     c = p.dataset("c", 1)

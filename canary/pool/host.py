@@ -669,7 +669,7 @@ class ControllerHost(_Host):
             result = JobResult(st.results, st.tasks_run, st.n_workers,
                                time.time() - self.status[ins.job].get("started", time.time()),
                                dict(st.received), dict(st.sent), math.nan, {}, st.migrations,
-                               st.bytes_migrated)
+                               st.bytes_migrated, reports=st.program.reported)
             self._save(ins.job, result)
             outcome = result
         else:

@@ -227,4 +227,4 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
 def _result(state: ControllerState, seconds: float) -> JobResult:
     return JobResult(state.results, state.tasks_run, state.n_workers, seconds,
                      dict(state.received), dict(state.sent), math.nan, {}, state.migrations,
-                     state.bytes_migrated)
+                     state.bytes_migrated, reports=state.program.reported)
