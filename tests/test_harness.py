@@ -231,6 +231,21 @@ def test_a_destination_without_pieces_is_a_declaration_error(gather: str) -> Non
         p.scatter_gather(a, o, lambda v: [v], gather, targets=lambda i: [0], name="to_first")
 
 
+def test_a_custom_gather_that_fails_on_no_pieces_is_told_it_got_none() -> None:
+    # a custom gather is called with [] where no source targets its partition; its failure
+    # said only numpy's "need at least one array to concatenate"
+    p = Program("empty_custom")
+    a, o = p.dataset("a", 3), p.dataset("o", 4)
+    p.load([a], lambda i, n: np.ones(2))
+    p.scatter_gather(a, o, lambda v: [v], lambda pieces: np.concatenate(pieces),
+                     targets=[[0], [1], [2]], name="spread")
+    p.report(o)
+    with pytest.raises(TaskError, match=r"stage 'spread' \(id 1\), gather task on partition 3 "
+                                        r"\(no source partition lists it in its targets, so its "
+                                        r"gather got no pieces\) failed:"):
+        canary.run_local(p, workers=2)
+
+
 def test_concat_stacks_one_number_partitions_and_names_shapes_it_cannot_stack() -> None:
     # numpy's own words were 'zero-dimensional arrays cannot be concatenated'
     p = Program("scalars")

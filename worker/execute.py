@@ -84,6 +84,9 @@ def run_task(state: WorkerState, task: Task, eid: int = 0,
         elif kind == K_SIGNAL:
             res = _signal(res)
     except (Exception, SystemExit):
+        if kind == K_GATHER and not args[0]:  # a custom gather of nothing: say why it got none
+            return _failed(state, task, eid, f"{task.label()} (no source partition lists it in "
+                                             "its targets, so its gather got no pieces)")
         return _failed(state, task, eid)
     return TaskDone(eid, task, res, perf_counter() - t0)
 
