@@ -121,6 +121,26 @@ def test_a_resumed_worker_reads_what_it_owns_before_it_emits_anything() -> None:
     assert [m.array.tolist() for m in parts] == [[14.0, 14.0]]  # 12 + the two increments left
 
 
+def test_a_position_at_a_loop_or_branch_test_names_its_signal_stage() -> None:
+    # snapshots taken there were said to be "at op 3": an index into canary's own op list
+    p = Program("tests")
+    s = p.dataset("s", 1)
+    p.load([s], lambda i, n: np.zeros(1))
+    with p.while_(lambda v: bool(v[0] < 3), on=s, name="more"):
+        p.compute(lambda v: v + 1, [s], [s], name="inc")
+    with p.if_(lambda v: bool(v[0] > 9), on=s, name="big"):
+        p.compute(lambda v: v + 1, [s], [s], name="inc2")
+    p.finalize()
+    where = {}
+    for pc, op in enumerate(p.ops):
+        if op[0] in ("while", "if"):
+            st = WorkerState(p, 1, 1, restore={"pc": pc, "counters": [2] if op[0] == "while"
+                                               else [], "seq": 0, "program_tasks": 0})
+            where[op[0]] = st.position()["where"]
+    assert where == {"while": "before stage 'more' (id 1, iteration (2,))",
+                     "if": "before stage 'big' (id 3)"}
+
+
 def test_a_resumed_worker_moves_a_partition_only_once_the_snapshots_values_are_in() -> None:
     # run_local found it (seed 189 of a fuzz run): a move reached a resumed worker between its
     # ReadSnapshot and the SnapshotLoaded the runtime answers later. The partition left with

@@ -39,7 +39,7 @@ from canary.messages import (
     SnapshotWritten,
     WriteSnapshot,
 )
-from canary.program import OP_STAGE
+from canary.program import OP_IF, OP_STAGE, OP_WHILE
 from canary.worker.core import WorkerCore
 
 # _stop_at when nothing holds emission: every seq is below it (one comparison on the hot path)
@@ -72,7 +72,7 @@ class Snapshots(WorkerCore):
     def position(self) -> dict[str, Any]:
         """Where the interpreter stands: enough to continue exactly here (see module doc)."""
         op = self.program.ops[self.pc]
-        if op[0] == OP_STAGE:
+        if op[0] in (OP_STAGE, OP_WHILE, OP_IF):  # a loop's or branch's test is its signal stage
             st = self.program.stages[op[1]]
             where = f"before {st.label(tuple(self.counters))}"
         else:
