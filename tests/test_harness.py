@@ -347,6 +347,18 @@ def test_signal_must_return_a_bool() -> None:
         canary.run_local(p, workers=2)
 
 
+def test_a_signal_that_made_a_one_element_array_is_told_how_to_return_a_bool() -> None:
+    p = Program("sig")
+    c = p.dataset("c", 1)
+    p.load([c], lambda i, n: np.zeros(1))
+    with p.while_(lambda v: v < 3, on=c):
+        p.compute(lambda v: v + 1, [c], [c])
+    with pytest.raises(TaskError, match=r"got array\(\[ True\]\); it made a one-element array "
+                                        r"\(comparing the partition, not its number\?\): "
+                                        r"return bool\(...\) of it, or compare v\[0\]"):
+        canary.run_local(p, workers=2)
+
+
 def _double_in_place(v: np.ndarray) -> np.ndarray:
     v *= 2.0
     return v

@@ -325,4 +325,8 @@ def _signal(v: Any) -> bool:
         return bool(v)
     if isinstance(v, (int, np.integer)) and v in (0, 1):
         return bool(v)
-    raise ResultError(f"a signal function must return a bool, got {v!r}")
+    hint = ""
+    if isinstance(v, np.ndarray) and v.size == 1:  # `v < 3` on a one-number partition
+        hint = ("; it made a one-element array (comparing the partition, not its number?): "
+                "return bool(...) of it, or compare v[0]")
+    raise ResultError(f"a signal function must return a bool, got {v!r}{hint}")
