@@ -479,24 +479,49 @@ MPI_APPS = {
 }
 
 
-@pytest.mark.parametrize("app", sorted(MPI_APPS))
-def test_random_moves_over_mpi_give_the_same_answer_on_2_and_3_workers(
-        app: str, cancer: Path, tmp_path: Path) -> None:
+def chaos_run(ranks: int, app: str, chaos: str | None, cancer: Path, folder: Path,
+              trace: Path | None = None) -> tuple[Any, dict, bytes]:
+    """``apps/APP.py`` with ``MPI_APPS[app]`` on ``ranks`` ranks, moved about by
+    ``CANARY_CHAOS_MIGRATE=chaos`` (none if None): the finished run, its summary and output."""
     from tests.conftest import mpirun
     from tests.test_mpi import summary
 
     args = [*MPI_APPS[app], "--print-every", "0"]
     if app == "logistic_regression":
         args = ["--input", str(cancer), *args]
-    suffix = ".txt" if app == "pagerank" else ".npz"
+    env = {} if chaos is None else {"CANARY_CHAOS_MIGRATE": chaos}
+    if trace is not None:
+        # a report every 50 ms, not 500: the loop lasts about 0.3 s, and a worker that ended it
+        # before its first report (under load) left none to check
+        args += ["--trace", str(trace)]
+        env.update({"CANARY_TRACE_LEVEL": "loop", "CANARY_REPORT_MS": "50"})
+    out = folder / f"{ranks}-{chaos}{'.txt' if app == 'pagerank' else '.npz'}"
+    r = mpirun(ranks, f"apps/{app}.py", *args, "--output", str(out), env_extra=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r, summary(r.stdout), out.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def traced_lr_chaos_run(cancer: Path, tmp_path_factory: pytest.TempPathFactory
+                        ) -> tuple[Any, dict, bytes, Path]:
+    """Logistic regression on 2 workers with random moves and a loop-level trace: one run that
+    test_random_moves_over_mpi_give_the_same_answer_on_2_and_3_workers compares with a run
+    without moves and test_a_trace_shows_each_move_on_both_workers reads the trace of."""
+    folder = tmp_path_factory.mktemp("traced-chaos")
+    trace = folder / "t.json"
+    return (*chaos_run(3, "logistic_regression", "11", cancer, folder, trace), trace)
+
+
+@pytest.mark.parametrize("app", sorted(MPI_APPS))
+def test_random_moves_over_mpi_give_the_same_answer_on_2_and_3_workers(
+        app: str, cancer: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     runs = {}
     for ranks, chaos in ((3, None), (3, "11"), (4, "12")):
-        out = tmp_path / f"{ranks}-{chaos}{suffix}"
-        r = mpirun(ranks, f"apps/{app}.py", *args, "--output", str(out),
-                   env_extra={} if chaos is None else {"CANARY_CHAOS_MIGRATE": chaos})
-        assert r.returncode == 0, r.stderr[-3000:]
-        s = summary(r.stdout)
-        runs[(ranks, chaos)] = (s, out.read_bytes())
+        if (app, ranks, chaos) == ("logistic_regression", 3, "11"):  # also traced: shared
+            r, s, out = request.getfixturevalue("traced_lr_chaos_run")[:3]
+        else:
+            r, s, out = chaos_run(ranks, app, chaos, cancer, tmp_path)
+        runs[(ranks, chaos)] = (s, out)
         if chaos is not None:
             assert s["migrations"] > 0 and s["bytes_migrated"] > 0, s
             assert r.stderr.count("canary: moved partition") == s["migrations"]
@@ -608,22 +633,12 @@ def test_a_bad_slowdown_is_a_clear_error_at_start_up() -> None:
                           "0..1") == 1
 
 
-def test_a_trace_shows_each_move_on_both_workers(cancer: Path, tmp_path: Path) -> None:
+def test_a_trace_shows_each_move_on_both_workers(
+        traced_lr_chaos_run: tuple[Any, dict, bytes, Path]) -> None:
     import json
 
-    from tests.conftest import mpirun
-    from tests.test_mpi import summary
-
-    trace = tmp_path / "t.json"
-    r = mpirun(3, "apps/logistic_regression.py", "--input", str(cancer), "--reg", "1e-2",
-               "--tol", "1e-10", "--max-iter", "3000", "--partitions", "6", "--print-every",
-               "0", "--trace", str(trace),
-               # a report every 50 ms, not 500: the loop lasts about 0.3 s, and a worker that
-               # ended it before its first report (under load) left none to check
-               env_extra={"CANARY_CHAOS_MIGRATE": "3", "CANARY_TRACE_LEVEL": "loop",
-                          "CANARY_REPORT_MS": "50"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    moved = summary(r.stdout)["migrations"]
+    _, s, _, trace = traced_lr_chaos_run
+    moved = s["migrations"]
     spans = [e for e in json.loads(trace.read_text())["traceEvents"]
              if e.get("cat") == "migration"]
     outs = [e for e in spans if e["name"] == "migrate out"]
@@ -637,7 +652,7 @@ def test_a_trace_shows_each_move_on_both_workers(cancer: Path, tmp_path: Path) -
     assert all(out_of[e["args"]["move"]] == (e["args"]["group"], e["args"]["index"])
                for e in ins)
     assert all(0 <= i < 6 for _, i in out_of.values())
-    assert sum(e["args"]["bytes"] for e in ins) == summary(r.stdout)["bytes_migrated"]
+    assert sum(e["args"]["bytes"] for e in ins) == s["bytes_migrated"]
     # the load reports the controller received, beside the moves: every worker's, in order,
     # none with negative busy seconds
     from canary.trace import load_events, load_reports
