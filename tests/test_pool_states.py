@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -359,29 +360,25 @@ def test_drivers_that_exit_0_without_a_program_end_the_job_quietly() -> None:
     assert ctrl.info(1).state == "ended" and ctrl.info(1).reason is None
 
 
-def test_a_worker_driver_that_exits_0_while_rank_0_declares_a_program_aborts_the_job() -> None:
-    ctrl, ranks = _running()
-    ctrl.handle(DriverEnded(20, 1, 1, "its driver exited with status 0", True))
-    out = ctrl.handle(Declared(21, 1, program("p", 2, 2)))
-    assert ctrl.info(1).state == "ended"
-    reason = ctrl.info(1).reason
-    assert reason is not None and reason.startswith(
-        "the driver on worker 1 (rank 2) exited with status 0 without running a program, and "
-        "the one on rank 0 declared a program")
-    assert Release(1, reason, JobAborted, None, 21) in out
-
-
-def test_rank_0_driver_that_exits_0_while_a_worker_declared_a_program_aborts_the_job() -> None:
-    # it ended the job as done, with no program, and the worker's program dropped
-    ctrl, ranks = _running()
+@pytest.mark.parametrize("exits, declares", [(1, -1), (-1, 1)])
+def test_a_driver_that_exits_0_while_another_declares_a_program_aborts_the_job(
+        exits: int, declares: int) -> None:
+    # rank 0's exit after a worker's declaration ended the job as done, the program dropped
+    ctrl, _ = _running()
     p = program("p", 2, 2)
-    ctrl.handle(Envelope(1, Hello(20, 1, p.digest, p.statements())))  # waits for rank 0's
-    out = ctrl.handle(DriverEnded(21, 1, -1, "its driver exited with status 0", True))
+    exit_0 = "its driver exited with status 0"
+    if exits > 0:  # the worker's driver ends, then rank 0's declares
+        events: list[Any] = [DriverEnded(20, 1, exits, exit_0, True), Declared(21, 1, p)]
+    else:  # the worker's declaration waits for rank 0's, whose driver ends instead
+        events = [Envelope(1, Hello(20, declares, p.digest, p.statements())),
+                  DriverEnded(21, 1, exits, exit_0, True)]
+    out = [ins for ev in events for ins in ctrl.handle(ev)]
+    where = {-1: "rank 0", 1: "worker 1 (rank 2)"}
     assert ctrl.info(1).state == "ended"
     reason = ctrl.info(1).reason
     assert reason is not None and reason.startswith(
-        "the driver on rank 0 exited with status 0 without running a program, and the one on "
-        "worker 1 (rank 2) declared a program")
+        f"the driver on {where[exits]} exited with status 0 without running a program, and "
+        f"the one on {where[declares]} declared a program")
     assert Release(1, reason, JobAborted, None, 21) in out
 
 
