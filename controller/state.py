@@ -50,9 +50,10 @@ class ControllerState(ControllerSnapshots):
 
     Contract: instructions are :class:`Send`, :class:`Callback` (a report is complete),
     :class:`Progress` (a line for the user), :class:`Finish` (all workers done, no partition
-    moving and every held callback given; exactly once) and :class:`Fail` (abort with a reason and the error to raise:
-    :class:`TaskError` for a failed task, :class:`ProgramMismatchError` for a worker that
-    declared another program; at most once, after which events are ignored).
+    moving and every held callback given; exactly once) and :class:`Fail` (abort with a reason
+    and the error to raise: :class:`TaskError` for a failed task,
+    :class:`ProgramMismatchError` for a worker that declared another program; at most once,
+    after which events are ignored).
 
     Moves: a :class:`MoveRequest`, or the ``policy`` on a :class:`Tick`, names partitions to
     move. For each, the controller bumps the entry's version, sends the map update to every

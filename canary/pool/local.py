@@ -5,8 +5,8 @@ Each job is a declared :class:`~canary.Program` (no driver script): its "driver"
 once wherever the pool starts it. Messages get random delays, keeping MPI's order per sender
 and receiver; every task takes a random virtual duration (``LocalJob.task_time`` on average),
 during which its worker runs nothing else, even if its job ends meanwhile (a task is never
-preempted: the worker's next task starts when it is over). The same seed gives the same run, decisions
-included; every job must give the answer of its solo run under every seed.
+preempted: the worker's next task starts when it is over). The same seed gives the same run,
+decisions included; every job must give the answer of its solo run under every seed.
 """
 
 from __future__ import annotations
