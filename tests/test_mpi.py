@@ -317,15 +317,16 @@ def test_a_driver_may_use_comm_world_while_canary_runs_on_it(ranks: int) -> None
     assert out["user"] == [["user", k, [float(k)] * 4] for k in range(1, ranks)]
 
 
-def test_every_rank_freezes_its_start_up_objects_once_out_of_the_collectors_reach() -> None:
+def test_every_rank_freezes_its_start_up_objects_once_out_of_the_collectors_reach(
+        tmp_path: Path) -> None:
     # A full collection walking the imports' ~50,000 objects stopped a rank for 25-95 ms in
     # PageRank's first iterations (iterations of 4-8 ms). Frozen at the first job, they are
     # never walked again; the second job freezes nothing more, or each job's objects would
     # outlive it.
-    proc = mpirun(3, str(DRIVERS / "freezes_once.py"))
+    proc = mpirun(3, str(DRIVERS / "freezes_once.py"), str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = sorted((json.loads(line) for line in proc.stdout.splitlines()
-                   if line.startswith('{"rank"')), key=lambda r: r["rank"])
+    rows = sorted((json.loads(f.read_text()) for f in tmp_path.glob("rank-*.json")),
+                  key=lambda r: r["rank"])
     assert [r["rank"] for r in rows] == [0, 1, 2]
     for row in rows:
         before, first, second = row["frozen"]

@@ -1,8 +1,11 @@
-"""Runs two small jobs; every rank prints, as JSON, how many objects the garbage collector had
-frozen before the first job, after it, and after the second."""
+"""Runs two small jobs; every rank writes, as JSON in FOLDER/rank-R.json, how many objects the
+garbage collector had frozen before the first job, after it, and after the second. (A file
+each: the ranks' printed lines can run into each other on mpiexec's stdout.)"""
 
 import gc
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -23,4 +26,5 @@ canary.run(p)
 counts.append(gc.get_freeze_count())
 canary.run(p)
 counts.append(gc.get_freeze_count())
-print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "frozen": counts}), flush=True)
+rank = MPI.COMM_WORLD.Get_rank()
+(Path(sys.argv[1]) / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "frozen": counts}))
