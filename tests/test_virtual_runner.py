@@ -226,3 +226,69 @@ def test_a_slowdown_names_a_worker_and_a_factor_of_at_least_one() -> None:
         run_virtual(prog, 2, NET, slowdown={2: 3.0})
     with pytest.raises(ValueError, match="WorkerConfig.slowdown must be a number >= 1, got 0.5"):
         run_virtual(prog, 2, NET, slowdown={0: 0.5})
+
+
+def slow_step_program(steps: int) -> canary.Program:
+    """One slow model update a step on the worker holding ``w``; the other worker's tasks only
+    wait for it, so that worker could run far ahead."""
+    p = canary.Program("slow_step")
+    x, lw, w, g = p.dataset("x", 4), p.dataset("lw", 4), p.dataset("w", 1), p.dataset("g", 1)
+    p.load([x], lambda i, n: np.full(4, float(i)))
+    p.load([w], lambda i, n: np.zeros(4))
+    p.load([g], lambda i, n: np.zeros(4))
+    with p.loop(steps):
+        p.broadcast(w, lw)
+        p.compute(lambda xv, wv: xv * 0.5 + wv, [x, lw], [x], name="grad")
+        p.reduce(x, g)
+        p.compute(lambda wv, gv: wv - 0.01 * gv, [w, g], [w], name="update")
+    p.report(w)
+    return p
+
+
+class SeqRecorder:
+    """A move policy that moves nothing and keeps every load report's (time, worker, seq)."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        self.seqs: list[tuple[float, int, int]] = []
+
+    def report(self, rep: Any, now: float) -> None:
+        self.seqs.append((now, rep.worker, rep.seq))
+
+    def decide(self, now: float, ctrl: Any) -> list[Any]:
+        return []
+
+
+def test_workers_emit_about_half_a_second_ahead_of_the_work_not_the_whole_window() -> None:
+    """A snapshot's barrier is the furthest position any worker has emitted, and everything
+    before it must run first: with 64 slow stage instances emitted ahead of the work, every
+    snapshot waits for as long. Sized from the pace, the window keeps emission about
+    ``window_s`` ahead once the first reports have measured the pace."""
+    def lead_seconds(config: WorkerConfig) -> float:
+        rec = SeqRecorder()
+        updates: list[float] = []
+
+        def on_task(worker: int, task: Any, start: float, end: float) -> None:
+            if task.stage.name == "update":
+                updates.append(end)
+
+        got = run_virtual(slow_step_program(60), 2, NET, handle_s=0.0, runtime=IDEAL,
+                          policy=rec, config=config, on_task=on_task,
+                          cost=lambda task, m: 0.25 if task.stage.name == "update" else 1e-4)
+        steps_emitted: dict[int, float] = {}
+        leads = []
+        for now, w, seq in rec.seqs:
+            steps_emitted[w] = seq / 4  # a step is 4 stage instances (and 3 loads come first)
+            if now > got.seconds / 2 and len(steps_emitted) == 2:  # after the start's burst
+                done = sum(end <= now for end in updates)
+                leads.append((max(steps_emitted.values()) - done) * 0.25)
+        assert len(updates) == 60 and leads
+        return max(leads)
+
+    fixed_lead = lead_seconds(WorkerConfig(window_s=0.0, max_fused=0))
+    paced_lead = lead_seconds(WorkerConfig(max_fused=0))
+    # (fusion off: a fused stretch waits for the one before it, which hides the run-ahead)
+    assert fixed_lead > 3.0, fixed_lead  # 64 live instances: over 16 steps of 0.25 s
+    # the window's floor, 8 live instances: the waiting worker has 3 of a step's 4, so under
+    # 3 steps, plus up to a step for reports falling between two updates
+    assert paced_lead <= 1.5, paced_lead

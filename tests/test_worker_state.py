@@ -17,6 +17,7 @@ from canary.messages import (
     Done,
     Failed,
     Hello,
+    LoadReport,
     Piece,
     PieceBatch,
     Placement,
@@ -26,6 +27,7 @@ from canary.messages import (
     Signal,
     TaskDone,
     TaskFailed,
+    Tick,
     Yield,
 )
 from canary.partition_map import PartitionMap
@@ -310,6 +312,58 @@ def test_run_ahead_window_bounds_live_instances() -> None:
     st.start()
     st.handle(Placement(1, PartitionMap.initial([1], 1)))
     assert len(st.live) == 4 and st.seq == 4
+
+
+def test_the_window_follows_the_pace_shrinks_by_halves_and_grows_at_once() -> None:
+    """Each load report sizes the window to ``window_s`` seconds of the instances emitted since
+    the last one, between ``window_min`` and ``window``."""
+    p = Program("chain")
+    a = p.dataset("a", 1)
+    p.load([a], lambda i, n: np.zeros(1))
+    with p.loop(500):
+        p.compute(lambda v: v + 1, [a], [a])
+    st = WorkerState(p.finalize(), 0, 1, window=64, window_s=0.5, window_min=8, max_fused=0)
+    st.start()
+    out = st.handle(Placement(1, PartitionMap.initial([1], 1)))
+    assert len(st.live) == 64
+
+    def tick(now: float) -> None:
+        out = st.handle(Tick(next(EIDS), now))
+        assert [type(i.message) for i in out] == [LoadReport]  # a report, and nothing emitted
+        st.validate_state()
+
+    tick(1.0)  # 64 instances in a second: half a second of them is 32
+    assert st.window == 32
+    tick(2.0)  # nothing emitted (no task ran): down to the floor, by halves
+    assert st.window == 16
+    tick(3.0)
+    assert st.window == 8
+    most_live = 0
+
+    def finish(task: Task) -> Any:
+        nonlocal most_live
+        most_live = max(most_live, len(st.live))
+        return run_task(st, task, next(EIDS)).outputs
+
+    run_tasks(st, out, finish)
+    assert st.seq == 501 and not st.live  # the whole loop ran ...
+    assert most_live == 64  # ... the first 64 emitted before the reports, then 8 at a time
+    tick(3.1)  # 437 instances in 0.1 s: the whole window at once
+    assert st.window == 64
+
+
+def test_a_window_s_of_0_keeps_the_window_fixed() -> None:
+    p = Program("chain")
+    a = p.dataset("a", 1)
+    p.load([a], lambda i, n: np.zeros(1))
+    with p.loop(500):
+        p.compute(lambda v: v + 1, [a], [a])
+    st = WorkerState(p.finalize(), 0, 1, window=64, window_s=0.0, max_fused=0)
+    st.start()
+    st.handle(Placement(1, PartitionMap.initial([1], 1)))
+    for now in (1.0, 2.0, 3.0):
+        st.handle(Tick(next(EIDS), now))
+    assert st.window == 64
 
 
 def test_writes_wait_for_earlier_reads_and_reads_share() -> None:

@@ -33,8 +33,15 @@ class WorkerConfig:
     """
 
     # ---- the state machine (canary.worker.state)
-    #: Stage instances a worker may have emitted and not finished (the run-ahead window).
+    #: Most stage instances a worker may have emitted and not finished (the run-ahead window).
     window: int = 64
+    #: ... and about this many seconds of the program's pace, measured at each load report:
+    #: running further ahead hides no latency, but a snapshot's barrier is the furthest
+    #: worker's position, so a worker 64 slow instances ahead delays every snapshot by as long
+    #: (0: the window stays at ``window``).
+    window_s: float = 0.5
+    #: ... but never fewer than this many (or ``window``, if smaller).
+    window_min: int = 8
     #: Most tasks the first fused compute stretch may stand for; below 2, fusion is off. Nothing
     #: bounds a stretch in seconds before one has been timed (no message is read while one
     #: runs), so the first is small: with 0.5 s kernels, 1,024 tasks would hold every message
@@ -95,14 +102,14 @@ class WorkerConfig:
     slowdown: float = 1.0
 
     def __post_init__(self) -> None:
-        for name, low in (("window", 1), ("max_fused", 0), ("fuse_min_instances", 1),
+        for name, low in (("window", 1), ("window_min", 1), ("max_fused", 0), ("fuse_min_instances", 1),
                           ("max_fused_cap", 2), ("urgent_max_bytes", 0), ("story_size", 0),
                           ("max_batch", 1), ("compile_after", 0), ("recycle_bytes", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"WorkerConfig.{name} must be an integer >= {low}, "
                                  f"got {value!r}")
-        for name in ("fuse_target_s", "fuse_max_s", "lone_task_s", "spin_s", "max_sleep_s",
+        for name in ("window_s", "fuse_target_s", "fuse_max_s", "lone_task_s", "spin_s", "max_sleep_s",
                      "poll_interval_s", "report_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0:

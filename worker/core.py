@@ -36,7 +36,7 @@ class WorkerCore:
     rank: int
     n_workers: int
     config: WorkerConfig
-    window: int  # config.window, read on the hot path
+    window: int  # the run-ahead window now (Interpreter._fit_window), read on the hot path
     inline: bool  # config.inline
     _urgent_max_bytes: int  # config.urgent_max_bytes
     _group: list[int]  # dataset id -> co-location group

@@ -11,6 +11,7 @@ wait through).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from canary.messages import CONTROLLER, Done
@@ -52,6 +53,7 @@ class Interpreter(WorkerCore):
         self.report_marks: dict[int, int] = {}  # report seq -> program_tasks when emitted
         self._emit_pending = False  # stopped to let messages leave; goes on at the next event
         self._hurry = False  # a message or urgent task was decided in this handle call
+        self._seq_at_tick = 0  # self.seq at the last load report (the pace since: _fit_window)
 
     def _advance(self, out: list[Any]) -> None:
         ops = self.program.ops
@@ -112,6 +114,26 @@ class Interpreter(WorkerCore):
                 break
             else:  # pragma: no cover - ops are produced by Program only
                 raise AssertionError(op)
+
+    def _fit_window(self, interval: float) -> None:
+        """Size the run-ahead window from the pace since the last load report: about
+        ``config.window_s`` seconds of stage instances, between ``config.window_min`` and
+        ``config.window``. It grows at once, and shrinks by at most half per report, so that
+        one slow period (a pause for a snapshot or a move, a compile) does not starve the
+        next. The pace counts the instances this worker emitted: one that waits on others
+        emits at their pace, one that waits on the window at the rate instances retire.
+
+        A window too small to hide latency would lower the pace it is sized from, and so stay
+        small; that needs instances that each stay half a second or more in a window of
+        ``window_min`` while the worker idles, which messages (micro- to milliseconds) do not
+        cause."""
+        cfg = self.config
+        emitted, self._seq_at_tick = self.seq - self._seq_at_tick, self.seq
+        if cfg.window_s <= 0 or interval <= 0:
+            return
+        target = max(min(cfg.window_min, cfg.window),
+                     min(cfg.window, math.ceil(emitted / interval * cfg.window_s)))
+        self.window = target if target >= self.window else max(target, self.window // 2)
 
     def _await_signal(self, stage: Stage, out: list[Any]) -> bool | None:
         """Emit the signal instance on first visit; return its value once known, else None."""

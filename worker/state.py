@@ -272,6 +272,8 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         assert all(isinstance(mv, (MoveIn, MoveOut)) for mv in self._moving.values())
         # snapshots: nothing is emitted at or past a barrier or before a resumed job's values
         assert self.seq <= self._stop_at, "emitted past a snapshot's barrier"
+        cfg = self.config
+        assert min(cfg.window_min, cfg.window) <= self.window <= cfg.window, "window out of range"
         assert not (self._restoring and self.tasks), "ran a task before the snapshot was read"
         assert self._snap_seq is None or self._snap is not None
 
@@ -322,6 +324,7 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
                 rows.append((g, i, busy.get((g, i), 0.0), nbytes))
         interval = ev.now - self._last_tick
         self._last_tick = ev.now
+        self._fit_window(interval)
         self.busy = {}
         tasks, self._tasks_reported = self.tasks_run - self._tasks_reported, self.tasks_run
         self._send_out(CONTROLLER, LoadReport(self._next_eid(), self.worker, interval,
