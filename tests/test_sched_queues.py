@@ -124,4 +124,54 @@ def test_discard_drops_one_jobs_items_and_keeps_the_others_order() -> None:
     for name, job, user in [("a", 1, 0), ("b", 2, 1), ("c", 1, 0), ("d", 2, 1), ("e", 3, 0)]:
         f.push(Item(job=job, user=user, payload=name), 0.0)
     assert f.discard(1) == 2 and len(f) == 3
-    assert drain(f) == ["b", "d", "e"]  # e's tag is after a's and c's: it stays there
+    # e's tag (2) was stacked behind a's and c's, which never ran: it moves forward to 0
+    assert drain(f) == ["b", "e", "d"]
+
+
+def test_wfq_discard_releases_what_the_dropped_items_were_charged() -> None:
+    # Equal weights, cost 1. User 0: a (job 1) tag 0, b (job 2) tag 1; user 1: c, d tags 0, 1.
+    # Job 1 is cancelled with a queued: b moves to 0 and user 0's finish tag back to 1, as if
+    # a had never been pushed. Left charged, user 0 lost a turn to user 1: c, b, d, e.
+    q = WeightedFairQueue()
+    for name, job, user in [("a", 1, 0), ("b", 2, 0), ("c", 3, 1), ("d", 3, 1)]:
+        q.push(Item(job=job, user=user, payload=name), 0.0)
+    assert q.discard(1) == 1
+    q.push(Item(job=2, user=0, payload="e"), 0.0)  # tag max(V=0, F_0=1) = 1 (was 2)
+    assert drain(q) == ["b", "c", "d", "e"]
+
+
+def test_wfq_discard_keeps_an_item_that_was_popped_charged() -> None:
+    # Weight 2 for user 0 (cost 1 -> 0.5 of virtual time): a (job 1) tag 0, b (job 1) 0.5,
+    # c (job 2) 1; user 1's d tag 0. a and d are popped (V = 0): a ran, and stays charged when
+    # job 1 is dropped. Only b's 0.5 is released: c moves to 0.5, user 0's finish tag 1.5 -> 1.
+    q = WeightedFairQueue({0: 2.0})
+    for name, job, user in [("a", 1, 0), ("b", 1, 0), ("c", 2, 0), ("d", 3, 1)]:
+        q.push(Item(job=job, user=user, payload=name), 0.0)
+    assert [q.pop(0.0).payload for _ in range(2)] == ["a", "d"]  # type: ignore[union-attr]
+    assert q.discard(1) == 1
+    assert q._finish == {0: 1.0, 1: 1.0}
+    q.push(Item(job=2, user=0, payload="f"), 0.0)  # tag 1 (was 1.5)
+    q.push(Item(job=3, user=1, payload="e"), 0.0)  # tag 1, pushed after f
+    assert drain(q) == ["c", "f", "e"]
+
+
+def test_wfq_discard_never_moves_a_tag_before_the_virtual_time() -> None:
+    # Measured charge: p (user 0, estimate 3) took 0, so user 0's finish tag went back from 4
+    # to 1 and b, pushed after a, got tag 1, before a's 3. Dropping a (job 1) releases its 1:
+    # b would move to 0, but V is 1 (y was popped at 1): b stays at 1, and user 0's finish tag
+    # goes to 1, so c starts at 1, beside b. Left charged, c started at 2, behind z.
+    q = WeightedFairQueue(charge="measured")
+    p = Item(job=9, user=0, cost=3.0, payload="p")
+    q.push(p, 0.0)  # tag 0
+    q.push(Item(job=8, user=1, payload="x"), 0.0)  # tag 0
+    assert [q.pop(0.0).payload for _ in range(2)] == ["p", "x"]  # type: ignore[union-attr]
+    q.push(Item(job=8, user=1, payload="y"), 0.0)  # tag 1
+    q.push(Item(job=1, user=0, payload="a"), 0.0)  # tag 3
+    q.task_finished(p, 0.0, 0.0)
+    q.push(Item(job=2, user=0, payload="b"), 0.0)  # tag 1
+    assert q.pop(0.0).payload == "y"  # type: ignore[union-attr]
+    assert q.discard(1) == 1
+    assert min(start for start, *_ in q._heap) == q._v == 1.0
+    q.push(Item(job=8, user=1, payload="z"), 0.0)  # tag 2
+    q.push(Item(job=2, user=0, payload="c"), 0.0)  # tag 1
+    assert drain(q) == ["b", "c", "z"]

@@ -143,7 +143,8 @@ class WeightedFairQueue:
             if not w > 0:
                 raise ValueError(f"weights must be > 0, got {w} for user {u}")
         self.default_weight = default_weight
-        self._heap: list[tuple[float, int, Item]] = []
+        # (start tag, push order, item, what its push added to its user's finish tag)
+        self._heap: list[tuple[float, int, Item, float]] = []
         self._finish: dict[int, float] = {}
         self._v = 0.0
         self._seq = 0
@@ -155,12 +156,12 @@ class WeightedFairQueue:
         start = max(self._v, self._finish.get(item.user, 0.0))
         self._finish[item.user] = start + item.cost / w
         self._seq += 1
-        heapq.heappush(self._heap, (start, self._seq, item))
+        heapq.heappush(self._heap, (start, self._seq, item, item.cost / w))
 
     def pop(self, now: float) -> Item | None:
         if not self._heap:
             return None
-        start, _, item = heapq.heappop(self._heap)
+        start, _, item, _ = heapq.heappop(self._heap)
         self._v = start
         return item
 
@@ -173,14 +174,37 @@ class WeightedFairQueue:
             self._finish[item.user] += (max(duration, 0.0) - item.cost) / w
 
     def discard(self, job: int) -> int:
-        """Drop every queued item of ``job`` (a job that ended); the others keep their tags
-        (popping and pushing them again would charge each its cost a second time). The
-        dropped items stay charged to their user. Returns how many were dropped."""
-        kept = [e for e in self._heap if e[2].job != job]
-        dropped = len(self._heap) - len(kept)
+        """Drop every queued item of ``job`` (a job that ended) and release what they were
+        charged; returns how many were dropped.
+
+        A dropped item never ran, so the ``cost / w`` its push added comes off its user's
+        finish tag, and that user's items pushed after it move forward by as much (their tags
+        were stacked behind it), each no earlier than the current virtual time ``V``: the tags
+        are those the user's items would have had were the dropped ones never pushed, except
+        that none goes back before ``V`` (``V`` never decreases). Every other user's items keep
+        their tags (popping and pushing them again would charge each its cost a second time).
+        An item already popped stays charged: it holds the core until it ends, cancelled or
+        not.
+        """
+        # Why: left charged, each cancel of a job with a task queued cost its user one task's
+        # turn; under churn the users whose jobs were cancelled more fell below their weights.
+        entries = sorted(self._heap, key=lambda e: e[1])  # push order: a user's chain of tags
+        back: dict[int, float] = {}  # user -> charge of its items dropped so far in the walk
+        kept: list[tuple[float, int, Item, float]] = []
+        for start, seq, item, charge in entries:
+            user = item.user
+            if item.job == job:
+                back[user] = back.get(user, 0.0) + charge
+                continue
+            if user in back:
+                start = max(self._v, start - back[user])
+            kept.append((start, seq, item, charge))
+        for user, released in back.items():
+            # a finish tag below V is harmless: the user's next push starts at max(V, F_u)
+            self._finish[user] -= released
         heapq.heapify(kept)
         self._heap = kept
-        return dropped
+        return len(entries) - len(kept)
 
 
 QUEUE_POLICIES = ("fifo", "priority", "fair", "hfsp")
