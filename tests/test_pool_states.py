@@ -228,6 +228,28 @@ def test_hfsp_serves_an_untrained_job_first_then_the_smaller_estimate() -> None:
     assert q.pop(0.03) == (1, None)
 
 
+def test_hfsp_worker_drops_a_cancelled_job_from_the_virtual_system_and_keeps_a_done_one() -> None:
+    """PSBS keeps a job that finished in its virtual system to its virtual end; a job that
+    was cancelled will never run again and must not keep its share of it (it slowed virtual
+    time for the others, which newcomers then passed)."""
+    from canary.messages import Abort, Shutdown
+    from canary.sched.hfsp import HfspJobs
+
+    w = JobsWorker(0, 1, "hfsp")
+    for job in (1, 2, 3):
+        w.handle(JobStart(job, job, 0, (1,), JobSpec()), 0.0)
+        w.queue.set_estimate(job, 10.0, 0.0)  # trained: 10 s each, virtually to t=30
+    jobs = w.queue._jobs
+    assert isinstance(jobs, HfspJobs) and jobs.virtual_jobs == 3
+    w.handle(Envelope(1, Abort(5, "cancelled by `canary cancel`")), 3.0)
+    assert jobs.virtual_jobs == 2
+    w.handle(Envelope(2, Shutdown(6)), 4.0)  # done
+    assert jobs.virtual_jobs == 2
+    # V(3) = 1, then two jobs share: V(4) = 1.5, and jobs 2 and 3 end virtually at 4 + 2 * 8.5
+    assert jobs.virtual_time(20.9) < 10.0 and jobs.virtual_jobs == 2
+    assert jobs.virtual_time(21.0) == pytest.approx(10.0) and jobs.virtual_jobs == 0
+
+
 def test_a_removed_job_leaves_nothing_in_the_queue() -> None:
     for policy in ("fifo", "priority", "fair", "hfsp"):
         q = JobQueue(policy)

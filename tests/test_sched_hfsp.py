@@ -95,6 +95,54 @@ def test_hfsp_late_jobs_share_one_slot_whose_task_ends_before_the_next_pick() ->
     assert ran == ["big"] * 3 + ["new", "new", "big", "new", "big"]
 
 
+def test_hfsp_a_cancelled_job_leaves_the_virtual_system_at_once() -> None:
+    # A (estimate 6) and C (5) from t=0: V grows at 1/2, so V(2) = 1. C is cancelled at t=2:
+    # alone from then, A's V grows at 1, so V(4) = 3 and B (3.5) arriving at t=4 finishes
+    # virtually at 6.5, after A's 6: A is served first. Kept to its virtual finish (5), C
+    # held V(4) at 2, B's finish at 5.5, and B passed A although C would never run again.
+    h = HfspJobs(capacity=1.0)
+    h.add_job("A", 2, 0.0, estimate=6.0)  # type: ignore[arg-type]
+    h.add_job("C", 2, 0.0, estimate=5.0)  # type: ignore[arg-type]
+    assert h.virtual_time(2.0) == pytest.approx(1.0)
+    h.remove_job("C")  # type: ignore[arg-type]  # at the latest time given, 2
+    assert h.virtual_jobs == 1
+    assert h.virtual_time(4.0) == pytest.approx(3.0)
+    h.add_job("B", 1, 4.0, estimate=3.5)  # type: ignore[arg-type]
+    assert h.dispatch(4.0) == "A"
+    # A and B share from t=4 at 1/2 each: A ends virtually at t=10 (V=6), B at 10.5 (V=6.5)
+    assert h.virtual_time(10.0) == pytest.approx(6.0) and h.virtual_jobs == 1
+    assert h.virtual_time(10.5) == pytest.approx(6.5) and h.virtual_jobs == 0
+
+
+def test_hfsp_a_job_that_finished_stays_in_the_virtual_system_to_its_virtual_finish() -> None:
+    # As PSBS: the virtual system is PS at the estimated sizes, and a job done early for real
+    # was served ahead of it, not made smaller. The case above with C done (not cancelled) at
+    # t=2, by its last task or by remove_job(finished=True): V(4) = 2 and B (5.5) passes A (6).
+    for via_remove in (False, True):
+        h = HfspJobs(capacity=1.0)
+        h.add_job("A", 2, 0.0, estimate=6.0)  # type: ignore[arg-type]
+        h.add_job("C", 2 if via_remove else 1, 0.0, estimate=5.0)  # type: ignore[arg-type]
+        assert h.dispatch(0.0) == "C"
+        h.task_finished("C", 2.0, 2.0)  # type: ignore[arg-type]
+        if via_remove:  # e.g. a worker that ran every task of C it got
+            h.remove_job("C", 2.0, finished=True)  # type: ignore[arg-type]
+        assert "C" not in h and h.virtual_jobs == 2  # type: ignore[operator]
+        assert h.virtual_time(4.0) == pytest.approx(2.0)
+        h.add_job("B", 1, 4.0, estimate=3.5)  # type: ignore[arg-type]
+        assert h.dispatch(4.0) == "B"
+
+
+def test_hfsp_removing_a_job_that_is_already_late_changes_nothing_virtual() -> None:
+    h = HfspJobs(capacity=1.0)
+    h.add_job("A", 3, 0.0, estimate=1.0)  # type: ignore[arg-type]
+    h.add_job("B", 3, 0.0, estimate=4.0)  # type: ignore[arg-type]
+    assert h.virtual_time(3.0) == pytest.approx(2.0)  # A ended virtually at t=2
+    assert h.is_late("A") and h.virtual_jobs == 1  # type: ignore[arg-type]
+    h.remove_job("A", 3.0)  # type: ignore[arg-type]
+    assert h.virtual_jobs == 1
+    assert h.virtual_time(5.0) == pytest.approx(4.0) and h.virtual_jobs == 0
+
+
 def test_estimates_from_task_count_then_first_tasks() -> None:
     h = HfspJobs(default_task_size=1.0, sample_tasks=2)
     h.add_job(1, 10, 0.0)

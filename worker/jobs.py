@@ -218,11 +218,14 @@ class JobQueue:
             return
         assert self._running[key] == 0, "re-estimating a job with a unit running"
         pending = len(self._units[key])
-        self._jobs.remove_job(key)
+        self._jobs.remove_job(key, now)  # withdrawn: its new estimate replaces it
         self._jobs.add_job(key, _NO_LIMIT, now, estimate=max(remaining, 0.0), pending=pending)
 
-    def remove_job(self, key: int) -> list[Any]:
-        """Forget ``key``; return its queued units (nothing if it was not here)."""
+    def remove_job(self, key: int, now: float | None = None, finished: bool = False) -> list[Any]:
+        """Forget ``key`` at ``now`` (default: the latest time given); return its queued units
+        (nothing if it was not here). ``finished``: the job ended done, not cancelled or failed
+        (HFSP keeps a finished job in its virtual system to its virtual end, a cancelled one
+        leaves it at once: :class:`~canary.sched.hfsp.HfspJobs`)."""
         if key not in self._meta:
             return []
         del self._meta[key]
@@ -233,7 +236,7 @@ class JobQueue:
         self._n -= len(units)
         if self._jobs is not None:
             if key in self._jobs:
-                self._jobs.remove_job(key)
+                self._jobs.remove_job(key, now, finished)
         elif units:
             assert self._items is not None
             self._items.discard(key)
@@ -482,7 +485,7 @@ class JobsWorker:
             return
         j.broken = True
         self.yielded.discard(j.job)
-        self.queue.remove_job(j.job)
+        self.queue.remove_job(j.job, self._now)
         j.state = None
         self._unbind(j.job, self._now)
         out.append(Send(CONTROLLER, DriverEnded(self._next_eid(), j.job, self.worker, message,
@@ -495,7 +498,7 @@ class JobsWorker:
         self.reserved.pop(job, None)
         if j is None:
             return
-        self.queue.remove_job(job)
+        self.queue.remove_job(job, self._now, finished=reason is None)
         if self.running is not None and self.running[0] == job:
             self.running = None  # its task handed out is not run (or its end is ignored)
         self._unbind(job, self._now)

@@ -6,8 +6,9 @@ the number of jobs (lazy-deletion heaps).
 
 Protocol (all four classes): ``add_job(job, num_tasks, now, estimate=None)``,
 ``dispatch(now) -> job | None`` (marks one pending task of the returned job as
-started), ``task_finished(job, now, duration)``, ``len(sched)`` = jobs with
-pending tasks.  Times must not go backwards (ValueError).
+started), ``task_finished(job, now, duration)``, ``remove_job(job, now=None,
+finished=False)``, ``len(sched)`` = jobs with pending tasks.  Times must not go
+backwards (ValueError).
 
 Size estimates (work = sum of task durations).  If ``estimate`` is given it is
 used as is and never refined: the simulator injects ``true size * lognormal
@@ -141,12 +142,20 @@ class _Base:
         j.pending += count
         self._on_more(j)
 
-    def remove_job(self, job: int) -> None:
-        """Forget a job (e.g. a worker that saw only some of its tasks); KeyError if unknown."""
+    def remove_job(self, job: int, now: float | None = None, finished: bool = False) -> None:
+        """Forget a job at time ``now`` (default: the latest time given); KeyError if unknown.
+
+        ``finished``: the job is done (e.g. a worker ran every task of it that it got).
+        Otherwise it was withdrawn: cancelled, failed, or registered again with a new
+        estimate. The two differ only for HFSP's virtual system (see :class:`HfspJobs`).
+        """
+        if now is not None:
+            self._clock(now)
         j = self._jobs.pop(job)
         if j.pending:
             self._with_pending -= 1
         j.pending = 0
+        self._on_remove(j, finished)
 
     def dispatch(self, now: float) -> int | None:
         """Pick the job whose next pending task should run; None if none pending."""
@@ -202,6 +211,9 @@ class _Base:
         pass
 
     def _on_finish(self, j: _Job, old_estimate: float) -> None:
+        pass
+
+    def _on_remove(self, j: _Job, finished: bool) -> None:
         pass
 
 
@@ -283,6 +295,15 @@ class HfspJobs(_Base):
     ``capacity`` is the number of slots the virtual PS system shares among
     the jobs (> 0).  Virtual time advances at ``capacity / n`` per time unit
     for the n jobs still running virtually.
+
+    A job that finished for real stays in the virtual system until its virtual
+    finish, as in PSBS (its reference simulator's ``dequeue``): the virtual
+    system is the PS schedule of the jobs at their estimated sizes, and a job
+    done early was served ahead of it, not made smaller. A job removed without
+    ``finished`` (cancelled, failed) leaves the virtual system at once, as it
+    would leave PS: it will never be served again, and a share kept for it
+    would slow virtual time for the others, so that newcomers would arrive at
+    an earlier virtual time and pass them.
     """
 
     name = "hfsp"
@@ -325,7 +346,8 @@ class HfspJobs(_Base):
 
     def _virtual_done(self, j: _Job) -> None:
         j.vdone = True
-        if j.job in self._jobs:  # still running for real: it is late
+        # still running for real: it is late (a finished job's id may be registered again)
+        if self._jobs.get(j.job) is j:
             j.late = True
             j.late_from = j.attained
             self._push_late(j)
@@ -389,6 +411,16 @@ class HfspJobs(_Base):
             heapq.heappush(self._vheap, (j.vfinish, j.seq, j.version, j))
             self._push_real(j)
             self._advance(self._now)
+
+    def _on_remove(self, j: _Job, finished: bool) -> None:
+        if finished or j.vdone:
+            return
+        # Withdrawn: it leaves PS now. Run the virtual system to now with it first, since it
+        # shared the slots until now; its heap entries are skipped once it is vdone.
+        self._advance(self._now)
+        if not j.vdone:
+            j.vdone = True
+            self._nv -= 1
 
     def virtual_time(self, now: float) -> float:
         """Advance the virtual PS system to ``now``; return each job's virtual service."""
@@ -479,4 +511,4 @@ class HfspQueue:
             # knows); forget it so per-worker state does not grow forever.
             del self._open[item.job]
             if item.job in self.jobs:
-                self.jobs.remove_job(item.job)
+                self.jobs.remove_job(item.job, now, finished=True)
