@@ -139,6 +139,7 @@ def run_local(
     checkpoint: SnapshotConfig | None = None,
     resume: Manifest | str | None = None,
     stop_after: int | None = None,
+    reports: float | None = None,
 ) -> JobResult:
     """Run ``program`` on ``workers`` simulated workers; return the job's result.
 
@@ -160,7 +161,12 @@ def run_local(
     :class:`canary.snapshot.SnapshotMismatchError` if it is of another program.
     ``stop_after=N`` stops the job after its N-th event, as a crash would, by raising
     :class:`canary.errors.JobStopped` (what has been committed stays on disk).
+    ``reports=T``: every worker gets a ``Tick`` every ``T`` units of virtual time and sends a
+    load report, as over MPI, so that its run-ahead window follows the pace (``window_s``
+    counts virtual time).
     """
+    if reports is not None and not (isinstance(reports, (int, float)) and reports > 0):
+        raise ValueError(f"run_local: reports must be a number > 0 or None, got {reports!r}")
     for name, value, least in (("workers", workers, 1), ("chaos", chaos, 0), ("seed", seed, 0)):
         if value is None and name == "chaos":
             continue
@@ -237,10 +243,18 @@ def run_local(
         apply_worker(w, st.start())
     # The clock that makes snapshots due (virtual time): one tick a unit, each pushing the next
     # while other events remain (chaos ticks, too, reach the controller, but start no clock).
+    # The workers' report ticks (``reports``) go on likewise; ``periodic`` counts those clocks
+    # in the heap, so that they do not keep one another going once nothing else is left.
     clock: Tick | None = None
+    periodic = 0
     if checkpoint is not None:
         clock = Tick(local_event_id(CONTROLLER, 0), 1.0)
         push(1.0, CONTROLLER, clock)
+        periodic += 1
+    if reports is not None:
+        for w in range(workers):
+            push(reports, -worker_rank(w), Tick(local_event_id(worker_rank(w), 0), reports))
+            periodic += 1
     while heap and not outcome:
         now, _, dest, item = heapq.heappop(heap)
         events += 1
@@ -249,9 +263,12 @@ def run_local(
         if stop_after is not None and events > stop_after:
             raise JobStopped(f"run_local: stopped after event {stop_after} (stop_after)")
         if dest == CONTROLLER:
-            if item is clock and heap:
-                clock = Tick(local_event_id(CONTROLLER, counter + 1), now + 1.0)
-                push(now + 1.0, CONTROLLER, clock)
+            if item is clock:
+                periodic -= 1
+                if len(heap) > periodic:
+                    clock = Tick(local_event_id(CONTROLLER, counter + 1), now + 1.0)
+                    push(now + 1.0, CONTROLLER, clock)
+                    periodic += 1
             if isinstance(item, ReportPart):
                 item.seconds = time.perf_counter() - t0  # wall time, as on MPI
             for ins in ctrl.handle(item):
@@ -283,6 +300,13 @@ def run_local(
         else:
             w = abs(dest) - 1  # dest < 0: the worker's own event (a task done, a resume)
             apply_worker(w, states[w].handle(item))
+            if type(item) is Tick:  # a report tick (reports): the next one, if work is left
+                assert reports is not None
+                periodic -= 1
+                if len(heap) > periodic:
+                    push(now + reports, dest, Tick(local_event_id(abs(dest), counter + 1),
+                                                   now + reports))
+                    periodic += 1
             if validate:
                 states[w].validate_state()
             if chaos is not None and rng.random() < 0.02:  # a move may start at any moment

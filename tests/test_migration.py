@@ -563,6 +563,7 @@ def test_canary_run_refuses_a_setting_it_cannot_use_before_running(
     ({"chaos": True}, "got True"),  # a bool is an int: it ran as seed 1
     ({"chaos": -1}, "got -1"),
     ({"seed": "x"}, "seed must be an integer >= 0, got 'x'"),
+    ({"reports": 0}, "reports must be a number > 0 or None, got 0"),
 ])
 def test_run_local_refuses_workers_or_a_chaos_seed_it_cannot_use(kwargs: dict[str, Any],
                                                                   says: str) -> None:

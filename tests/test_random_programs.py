@@ -138,3 +138,33 @@ def test_random_program_matches_sequential_execution(prog_seed: int) -> None:
                                window=window, validate=True, max_fused=fused,
                                shuffle_ready=run % 2 == 1)
         assert outcome(got.results) == reference, (prog_seed, workers, window, fused, run)
+
+
+@pytest.mark.parametrize("prog_seed", range(20))
+def test_random_programs_match_while_the_window_follows_the_pace(prog_seed: int) -> None:
+    """Load reports resize every worker's run-ahead window as the job runs (between
+    ``window_min`` and ``window``, from the pace since the last report): emission stops and
+    starts again at other points than with a fixed window, in half the runs while partitions
+    move, and the answer must not change."""
+    from canary.worker.config import WorkerConfig
+
+    reference = outcome(run_sequential(random_program(prog_seed)))
+    rng = random.Random(3000 + prog_seed)
+    sizes = []
+    for run in range(4):
+        workers = rng.randint(1, 4)
+        config = WorkerConfig(window=rng.choice([4, 16, 64]), window_min=rng.choice([1, 2, 8]),
+                              window_s=rng.choice([0.5, 2.0, 8.0]), max_fused=rng.choice([0, 5]))
+        seen: list[int] = []
+
+        def watch(ctrl: object, states: list, seen: list[int] = seen) -> list:
+            seen.extend(s.window for s in states)
+            return []
+
+        got = canary.run_local(random_program(prog_seed), workers=workers, seed=run,
+                               config=config, validate=True, reports=rng.choice([1.0, 3.0]),
+                               shuffle_ready=run % 2 == 1, inject=watch,
+                               chaos=None if run < 2 else 100 * prog_seed + run)  # and moves
+        assert outcome(got.results) == reference, (prog_seed, workers, config, run)
+        sizes.append(len(set(seen)))
+    assert max(sizes) > 1  # the windows did change during some run
