@@ -91,3 +91,13 @@ def test_canary_keep_is_refused_by_its_own_name_below_1() -> None:
                         ("abc", "CANARY_KEEP='abc' is not an integer: set it to an integer >= 1")):
         with pytest.raises(ValueError, match=says):
             checkpoint_config({"CANARY_CHECKPOINT": "/tmp/ck", "CANARY_KEEP": value})
+
+
+def test_the_run_ahead_pace_is_set_by_canary_window_ms_and_0_fixes_the_window() -> None:
+    from canary.worker.config import WorkerConfig
+
+    assert WorkerConfig.from_env({}).window_s == 0.5
+    assert WorkerConfig.from_env({"CANARY_WINDOW_MS": "2000"}).window_s == pytest.approx(2.0)
+    assert WorkerConfig.from_env({"CANARY_WINDOW_MS": "0"}).window_s == 0.0
+    with pytest.raises(ValueError, match="CANARY_WINDOW_MS='-1'"):
+        WorkerConfig.from_env({"CANARY_WINDOW_MS": "-1"})

@@ -22,6 +22,7 @@ ENVIRONMENT: dict[str, tuple[str, float, bool]] = {
     "CANARY_STORY": ("story_size", 1.0, True),
     "CANARY_RECYCLE_MB": ("recycle_bytes", float(1 << 20), True),
     "CANARY_REPORT_MS": ("report_s", 1e-3, False),
+    "CANARY_WINDOW_MS": ("window_s", 1e-3, False),
 }
 
 
