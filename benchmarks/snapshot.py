@@ -15,11 +15,18 @@
    saying it restarts (the death noticed and the job torn down), and from then to the first
    iteration of the resumed job (relaunch, start-up, reading the snapshot), of which reading
    the snapshot's files (measured apart, in this process) is shown on its own.
+4. **Lateness** (``kind: lateness``): ``benchmarks/slow_steps.py`` (``--steps`` steps of
+   ``--step-ms`` on the worker holding the model, the other worker's tasks waiting for it)
+   with a snapshot due every ``--late-every`` seconds, run with the workers' run-ahead window
+   fixed at 64 stage instances (``CANARY_WINDOW_MS=0``) and following the pace (the default):
+   when the first snapshot was committed, and the median time between two commits. A snapshot
+   waits for everything emitted before its barrier, the furthest position any worker emitted.
 
 Prints JSON lines, the last a summary; writes them to ``--out`` as well.
 
-    python benchmarks/snapshot.py                 # about 2 minutes
+    python benchmarks/snapshot.py                 # about 2.5 minutes
     python benchmarks/snapshot.py --quick         # seconds (tests)
+    python benchmarks/snapshot.py --kinds lateness  # the lateness runs only, ~30 s
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ if str(ROOT) not in sys.path:
 from benchmarks.straggler import loop_ends  # noqa: E402
 from canary.snapshot import choose, committed, load_part, save_part  # noqa: E402
 from canary.trace import load_events  # noqa: E402
+
+KINDS = ("write", "overhead", "recovery", "lateness")
 
 
 def emit(row: dict[str, Any], sink: list[dict[str, Any]]) -> None:
@@ -203,6 +212,28 @@ def recovery(rows: int, iters: int, every: float, tmp: str,
     return row
 
 
+def lateness(steps: int, step_ms: float, every: float, tmp: str,
+             sink: list[dict[str, Any]]) -> dict[str, float]:
+    """First commit and median gap between commits, window fixed against following the pace
+    (the run-ahead window: ``docs/architecture.md``); one row each, in that order."""
+    gaps: dict[str, float] = {}
+    for window, env in (("fixed", {"CANARY_WINDOW_MS": "0"}), ("pace", {})):
+        ck = os.path.join(tmp, f"ck-late-{window}")
+        run = Run(["-n", "2", "--balance", "off", "--checkpoint", ck, "--checkpoint-every",
+                   str(every), "--keep", "100000", "benchmarks/slow_steps.py", str(steps),
+                   str(step_ms)], tmp, env)
+        assert run.wait() == 0, "the job failed"
+        commits = sorted(float(s.data["run_seconds"]) for s in committed(ck))
+        gap = statistics.median(np.diff(commits)) if len(commits) > 1 else float("nan")
+        gaps[window] = float(gap)
+        emit({"kind": "lateness", "window": window, "steps": steps, "step_ms": step_ms,
+              "every_s": every, "run_s": round(run.summary()["seconds"], 3),
+              "snapshots": len(commits),
+              "first_commit_s": round(commits[0], 3) if commits else None,
+              "median_gap_s": round(gap, 3)}, sink)
+    return gaps
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=256.0, help="bytes per written part, in MB")
@@ -210,24 +241,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=int, default=400_000, help="logistic regression rows")
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--every", type=float, default=2.0, help="snapshot interval of the runs")
+    ap.add_argument("--steps", type=int, default=48, help="steps of the lateness runs")
+    ap.add_argument("--step-ms", type=float, default=250.0, help="ms a step takes")
+    ap.add_argument("--late-every", type=float, default=1.0,
+                    help="snapshot interval of the lateness runs")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="which measurements, comma-separated")
     ap.add_argument("--dir", default=None, help="folder to write in (default: a temporary one)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
     ap.add_argument("--out", default=None, help="also write the JSON lines here")
     args = ap.parse_args(argv)
     if args.quick:
         args.mb, args.reps, args.lr, args.iters, args.every = 4.0, 2, 4000, 400, 0.2
+        args.steps, args.step_ms, args.late_every = 16, 50.0, 0.2
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        ap.error(f"--kinds: unknown {sorted(unknown)}; choose from {','.join(KINDS)}")
     sink: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"summary": "snapshot"}
     tmp = tempfile.mkdtemp(prefix="canary-snapshot-bench-", dir=args.dir)
     try:
-        ratio = write_throughput(tmp, args.mb, args.reps, sink)
-        over = overhead(args.lr, args.iters, args.every, tmp, sink)
-        rec = recovery(args.lr, args.iters * 3, args.every, tmp, sink)
+        if "write" in kinds:
+            ratio = write_throughput(tmp, args.mb, args.reps, sink)
+            summary.update(write_over_plain=round(ratio, 3), write_target_met=ratio >= 0.7)
+        if "overhead" in kinds:
+            over = overhead(args.lr, args.iters, args.every, tmp, sink)
+            summary.update(overhead_at_60s=over["overhead_at_60s"],
+                           overhead_target_met=over["overhead_at_60s"] <= 0.02)
+        if "recovery" in kinds:
+            rec = recovery(args.lr, args.iters * 3, args.every, tmp, sink)
+            summary.update(kill_to_running_s=rec["kill_to_running_s"])
+        if "lateness" in kinds:
+            late = lateness(args.steps, args.step_ms, args.late_every, tmp, sink)
+            summary.update(median_gap_fixed_window_s=round(late["fixed"], 3),
+                           median_gap_paced_window_s=round(late["pace"], 3))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    emit({"summary": "snapshot", "write_over_plain": round(ratio, 3),
-          "write_target_met": ratio >= 0.7, "overhead_at_60s": over["overhead_at_60s"],
-          "overhead_target_met": over["overhead_at_60s"] <= 0.02,
-          "kill_to_running_s": rec["kill_to_running_s"]}, sink)
+    emit(summary, sink)
     if args.out:
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in sink))
     return 0

@@ -564,11 +564,11 @@ def test_migration_quick_moves_a_partition_there_and_back_and_times_each_move() 
         moves[2]["gbps"] / warm["gbps"], rel=1e-2)
 
 
-def test_snapshot_quick_prints_write_overhead_recovery_and_summary() -> None:
+def test_snapshot_quick_prints_write_overhead_recovery_lateness_and_summary() -> None:
     rows = run_bench("snapshot.py", "--quick")
     kinds = [r.get("kind") for r in rows[:-1]]
-    assert kinds == ["write", "overhead", "recovery"]
-    write, over, rec, summary = rows
+    assert kinds == ["write", "overhead", "recovery", "lateness", "lateness"]
+    write, over, rec, fixed, paced, summary = rows
     assert write["snapshot_over_plain_throughput"] == pytest.approx(
         write["snapshot_gbps"] / write["plain_gbps"], rel=0.02)
     assert over["snapshots"] >= 1 and len(over["seconds_per_snapshot_each"]) == over["snapshots"]
@@ -578,6 +578,9 @@ def test_snapshot_quick_prints_write_overhead_recovery_and_summary() -> None:
     assert summary["summary"] == "snapshot"
     assert summary["write_over_plain"] == write["snapshot_over_plain_throughput"]
     assert summary["write_target_met"] == (write["snapshot_over_plain_throughput"] >= 0.7)
+    assert (fixed["window"], paced["window"]) == ("fixed", "pace")
+    assert fixed["snapshots"] >= 1 and paced["snapshots"] >= 1
+    assert summary["median_gap_paced_window_s"] == paced["median_gap_s"]
 
 
 def test_ulfm_probe_reports_each_setting_and_whether_any_recovered() -> None:
