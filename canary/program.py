@@ -14,6 +14,8 @@ every rank because the signal's value is broadcast.
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,6 +27,8 @@ import numpy as np
 from canary.errors import DeclarationError, PartitionMismatchError
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     import networkx as nx
 
 READ = 0
@@ -209,6 +213,10 @@ class Program:
         self._last_if: int | None = None
         self._group_of: dict[int, int] | None = None
         self._statements: list[str] | None = None
+        # op index -> "file:line" of the driver's statement that made it (stages, loop heads,
+        # branches): for the controller's progress lines. Not in the statements: a comment
+        # added above a loop must not make a snapshot of the job unresumable.
+        self._sites: dict[int, str] = {}
         self._sources: dict[str, str] | None = None
 
     # ----------------------------------------------------------------- datasets
@@ -407,6 +415,7 @@ class Program:
             raise DeclarationError(f"loop count must be a non-negative integer, got {count!r}")
         self.ops.append((OP_PUSH,))
         head = len(self.ops)
+        self._sites[head] = _caller_site()
         self.ops.append((OP_FOR, int(count), -1))
         self._open_blocks.append("loop")
         yield
@@ -436,6 +445,7 @@ class Program:
         bound = -1 if max_iter is None else int(max_iter)
         self.ops.append((OP_PUSH,))
         head = len(self.ops)
+        self._sites[head] = _caller_site()
         self.ops.append((OP_WHILE, stage.id, bound, -1))
         self._open_blocks.append("while")
         yield
@@ -453,6 +463,7 @@ class Program:
         """
         stage = self._signal_stage(condition, on, name or f"if_{_short(condition)}")
         at = len(self.ops)
+        self._sites[at] = _caller_site()
         self.ops.append((OP_IF, stage.id, -1))
         self._open_blocks.append("if")
         yield
@@ -580,6 +591,12 @@ class Program:
             self._sources = found
         return dict(self._sources)
 
+    def site(self, pc: int) -> str:
+        """Where the driver declared op ``pc`` (a stage, a loop's head, a branch), as
+        ``file:line`` (the file relative to the working directory when under it), or "" when
+        not known (the end, loop control, a declaration made from canary's own code only)."""
+        return self._sites.get(pc, "")
+
     @property
     def digest(self) -> str:
         """SHA-256 of :meth:`statements`; equal on every rank of a deterministic driver."""
@@ -604,6 +621,7 @@ class Program:
         self.stages.append(stage)
         self._written.update(d.id for d in stage.writes)
         if stage.kind != SIGNAL:
+            self._sites[len(self.ops)] = _caller_site()
             self.ops.append((OP_STAGE, stage.id))
         return stage
 
@@ -707,6 +725,27 @@ def never_run() -> list[str]:
     handed to a runner, which finalizes them: a driver that forgot ``canary.run(p)`` computed
     nothing."""
     return sorted(p.name for p in _DECLARED if p.stages and not p._finalized)
+
+
+_CANARY_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # canary/ as installed
+_CONTEXTLIB = os.path.abspath(sys.modules["contextlib"].__file__ or "contextlib")
+
+
+def _caller_site() -> str:
+    """``file:line`` of the innermost caller outside canary's package and ``contextlib`` (a
+    ``with p.while_(...)`` runs its declaration from ``contextlib``'s ``__enter__``): the line
+    of the driver that declared what is being declared. "" if there is none."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_CANARY_DIR) and path != _CONTEXTLIB:
+            try:
+                under = path.startswith(os.getcwd() + os.sep)
+            except OSError:  # the working directory was removed
+                under = False
+            return f"{os.path.relpath(path) if under else path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
 
 
 def _short(fn: Any) -> str:

@@ -246,3 +246,30 @@ def test_a_while_bound_must_be_a_whole_count(bad: object) -> None:
                                                rf"got {bad!r}"):
         with p.while_(lambda v: True, on=c, max_iter=bad):  # type: ignore[arg-type]
             pass
+
+
+def test_each_loop_branch_and_stage_knows_the_driver_line_that_declared_it() -> None:
+    # the controller's progress line names the loop a long job is in by its line
+    import inspect
+
+    here = inspect.currentframe()
+    assert here is not None
+    first = here.f_lineno + 3  # the line of p.load below
+    p = Program("sites")
+    x = p.dataset("x", 1)
+    p.load([x], _ones)
+    with p.while_(lambda v: True, on=x):
+        with p.loop(2):
+            p.compute(lambda v: v, [x], [x])
+    with p.if_(lambda v: True, on=x):
+        p.report(x)
+    p.finalize()
+    me = "tests/test_program.py"
+    assert [(op[0], p.site(pc)) for pc, op in enumerate(p.ops) if p.site(pc)] == [
+        (OP_STAGE, f"{me}:{first}"), (OP_WHILE, f"{me}:{first + 1}"),
+        (OP_FOR, f"{me}:{first + 2}"), (OP_STAGE, f"{me}:{first + 3}"),
+        (OP_IF, f"{me}:{first + 4}"), (OP_STAGE, f"{me}:{first + 5}")]
+    assert p.site(len(p.ops) - 1) == ""  # the end was declared by no line
+    # not part of what ranks and snapshots compare: a comment added above a loop must not make
+    # a snapshot of the job unresumable
+    assert "test_program.py" not in "".join(p.statements())
