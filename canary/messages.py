@@ -141,8 +141,11 @@ class LoadReport(Message):
     """A worker's load since its last report (every ``WorkerConfig.report_s`` seconds, not per
     task or per iteration): ``busy`` lists ``(group, index, seconds, nbytes)``, the time its
     tasks on each local partition took and the bytes it holds; ``idle`` the seconds it waited
-    with nothing to run; ``tasks`` the tasks it finished; ``seq`` its position in the program;
-    ``cpu`` and ``cpu_wait`` the seconds it ran on a CPU and waited for one (Linux)."""
+    with nothing to run; ``tasks`` the tasks it finished; ``seq`` its position in the program
+    (the next stage instance it emits), ``pc`` and ``counters`` the same position as the
+    interpreter's op index and loop counters (innermost last: the controller's progress line
+    names the loop and iteration); ``cpu`` and ``cpu_wait`` the seconds it ran on a CPU and
+    waited for one (Linux)."""
 
     eid: int
     worker: int
@@ -154,6 +157,8 @@ class LoadReport(Message):
     done: bool
     cpu: float = 0.0  # seconds on a CPU in the interval (0: not measured)
     cpu_wait: float = 0.0  # seconds ready to run but waiting for a CPU
+    pc: int = 0  # the interpreter's op index (Program.ops)
+    counters: tuple[int, ...] = ()  # its loop counters, innermost last: a few ints
 
 
 @dataclass(slots=True)

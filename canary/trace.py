@@ -127,7 +127,8 @@ class Tracer:
             "args": {"eid": rep.eid, "worker": rep.worker, "interval": rep.interval,
                      "busy": [list(row) for row in rep.busy], "idle": rep.idle,
                      "tasks": rep.tasks, "seq": rep.seq, "done": rep.done, "cpu": rep.cpu,
-                     "cpu_wait": rep.cpu_wait}})
+                     "cpu_wait": rep.cpu_wait, "pc": rep.pc,
+                     "counters": list(rep.counters)}})
 
     def send(self, dest: int, msg: Any, t: float | None = None) -> None:
         """Message ``msg`` sent to rank ``dest`` (a flow starts)."""
@@ -213,7 +214,9 @@ def load_reports(events: list[dict[str, Any]]) -> list[tuple[float, Any]]:
             a = e["args"]
             rep = LoadReport(a["eid"], a["worker"], a["interval"],
                              tuple((g, i, sec, nb) for g, i, sec, nb in a["busy"]), a["idle"],
-                             a["tasks"], a["seq"], a["done"], a["cpu"], a["cpu_wait"])
+                             a["tasks"], a["seq"], a["done"], a["cpu"], a["cpu_wait"],
+                             # traces written before reports carried the position lack them
+                             a.get("pc", 0), tuple(a.get("counters", ())))
             out.append((e["ts"] / 1e6, rep))
     out.sort(key=lambda pair: pair[0])
     return out

@@ -254,6 +254,18 @@ def test_worker_without_the_partition_blocks_on_the_signal() -> None:
     assert st.ended
 
 
+def test_a_load_report_says_which_loop_and_iteration_the_worker_stands_in() -> None:
+    # the controller's progress line names the loop and iteration from these
+    p = while_program()
+    head = p.ops.index(next(op for op in p.ops if op[0] == "while"))
+    st, _ = placed(p, worker=1)  # waits for the first signal, before iteration 0
+    assert st.handle(Tick(50, 0.5)) == [
+        Send(0, LoadReport.match(seq=2, pc=head, counters=(0,)), 50)]
+    st.handle(Signal(5, 1, True))  # one pass of the body: now before iteration 1
+    assert st.handle(Tick(51, 1.0)) == [
+        Send(0, LoadReport.match(seq=4, pc=head, counters=(1,)), 51)]
+
+
 def test_signal_holder_broadcasts_then_yields_before_emitting_the_body() -> None:
     p = while_program()
     st, out = placed(p, worker=0, n_workers=3)
