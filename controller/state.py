@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from canary.controller.progress import ProgressMeter
 from canary.controller.snapshots import ControllerSnapshots
 from canary.errors import CanaryError, ProgramMismatchError, TaskError
 from canary.messages import (
@@ -70,12 +71,18 @@ class ControllerState(ControllerSnapshots):
     one is due, and :class:`CommitSnapshot` once every worker has written its part (numbered
     from ``first_snapshot``). A job resumed from a snapshot starts with its reports
     (``resumed_results``) and its task count (``resumed["tasks_run"]``, the manifest's).
+
+    Progress (``progress_s`` > 0; see :mod:`canary.controller.progress`): on a :class:`Tick`
+    at ``progress_s / 2`` seconds into the job and then at least ``progress_s`` apart, a
+    :class:`Progress` line saying how long the job has run, where the slowest worker stands
+    (loop, line, iteration), and the task rate. None with ``progress_s`` 0 (the default).
     """
 
     def __init__(self, program: Program, n_workers: int, policy: Any = None,
                  stall_s: float = 10.0, checkpoint: SnapshotConfig | None = None,
                  first_snapshot: int = 1, resumed: dict[str, Any] | None = None,
-                 resumed_results: dict[str, list[np.ndarray]] | None = None) -> None:
+                 resumed_results: dict[str, list[np.ndarray]] | None = None,
+                 progress_s: float = 0.0) -> None:
         if n_workers < 1:
             raise ValueError(
                 f"a job needs at least one worker (rank 0 is the controller): launch with "
@@ -112,6 +119,10 @@ class ControllerState(ControllerSnapshots):
         self._progress_at = [0.0] * n_workers  # when each last showed progress
         self._warned_at = [0.0] * n_workers
         self._init_snapshots(checkpoint, first_snapshot, resumed)
+        # a line on where the job stands every progress_s seconds (0: none), from the same
+        # load reports (see canary.controller.progress)
+        self.progress_meter = (ProgressMeter(self.program, n_workers, progress_s,
+                                             self.tasks_base) if progress_s > 0 else None)
 
     def handle(self, event: Any) -> list[Any]:
         """Apply one message from a worker; return instructions, each carrying the message's
@@ -144,6 +155,9 @@ class ControllerState(ControllerSnapshots):
         if isinstance(event, Tick):
             self._now = event.now
             out = self._stalled()
+            line = None if self.progress_meter is None else self.progress_meter.due(event.now)
+            if line is not None:
+                out.append(Progress(line, self._cause))
             if self.map is None:
                 return out
             out += self._maybe_snapshot()
@@ -226,6 +240,8 @@ class ControllerState(ControllerSnapshots):
             self._progress_at[w] = self._now
         if self.policy is not None:
             self.policy.report(ev, self._now)
+        if self.progress_meter is not None:
+            self.progress_meter.report(ev)
         return []
 
     def _stalled(self) -> list[Any]:

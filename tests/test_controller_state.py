@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -15,10 +17,13 @@ from canary.messages import (
     Failed,
     Finish,
     Hello,
+    LoadReport,
     Placement,
+    Progress,
     ReportPart,
     Send,
     Shutdown,
+    Tick,
 )
 from canary.program import Program, ReportEvent
 
@@ -118,3 +123,83 @@ def test_failed_task_aborts_everyone_with_its_message() -> None:
 def test_zero_workers_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="at least one worker"):
         ControllerState(program(), 0)
+
+
+# ---------------------------------------------------------------- progress lines on long runs
+def never_ending() -> tuple[Program, int, int]:
+    """A program whose ``while_`` never ends, its loop head's op index and its line here."""
+    import inspect
+
+    p = Program("forever")
+    x, s = p.dataset("x", 2), p.dataset("s", 1)
+    p.load([x], lambda i, n: np.zeros(1))
+    p.reduce(x, s)
+    frame = inspect.currentframe()
+    assert frame is not None
+    line = frame.f_lineno + 1
+    with p.while_(lambda v: True, on=s, name="never"):
+        p.compute(lambda v: v + 1, [x], [x], name="step")
+        p.reduce(x, s)
+    p.finalize()
+    head = next(pc for pc, op in enumerate(p.ops) if op[0] == "while")
+    return p, head, line
+
+
+def progress_run(c: ControllerState, p: Program, head: int, until: float,
+                 behind: int = 0) -> list[tuple[float, str]]:
+    """Feed ``c`` (two workers of ``p``) a tick every 0.1 s and each worker's load report every
+    0.5 s up to ``until`` seconds, both workers going round the loop 10 times a second, worker
+    1 ``behind`` iterations behind worker 0; return ``(now, line)`` of each progress line."""
+    for w in range(2):
+        c.handle(hello(p, w))
+    eid = 100
+    lines = []
+    for k in range(1, int(round(until * 10)) + 1):
+        now = k / 10
+        if k % 5 == 0:
+            for w in range(2):
+                it = k - w * behind  # 10 iterations a second, 3 stage instances each
+                eid += 1
+                c.handle(LoadReport(eid, w, 0.5, (), 0.1, 20, 2 + 3 * it, False, pc=head + 1,
+                                    counters=(it,)))
+        eid += 1
+        lines += [(now, i.line) for i in c.handle(Tick(eid, now)) if isinstance(i, Progress)]
+    return lines
+
+
+def test_a_long_run_says_how_long_where_and_how_fast_once_a_period_from_half_of_one() -> None:
+    p, head, line = never_ending()
+    c = ControllerState(p, 2, progress_s=60.0)
+    lines = progress_run(c, p, head, 30.0)
+    # nothing at the 299 ticks before: a run shorter than that prints nothing new
+    assert [now for now, _ in lines] == [30.0]
+    assert re.fullmatch(r"canary: 30 s: while_ 'never' at tests/test_controller_state\.py:"
+                        rf"{line} iteration 300, stage instance 902; 2\.4K tasks, 80 tasks/s; "
+                        r"workers 80% busy", lines[0][1]), lines[0][1]
+
+
+def test_progress_lines_come_no_faster_than_the_period_and_count_the_iterations() -> None:
+    p, head, line = never_ending()
+    c = ControllerState(p, 2, progress_s=60.0)
+    lines = progress_run(c, p, head, 200.0)
+    times = [now for now, _ in lines]
+    assert times == [30.0, 90.0, 150.0]
+    assert all(b - a >= 60.0 for a, b in zip(times, times[1:]))
+    iterations = [int(n.replace(",", "")) for _, text in lines
+                  for n in re.findall(r" iteration ([\d,]+)", text)]
+    assert iterations == [300, 900, 1500]
+    assert "canary: 2 min 30 s: " in lines[2][1] and "10 iterations/s" in lines[1][1]
+    assert "iterations/s" not in lines[0][1]  # no earlier line to count from
+
+
+def test_the_slowest_workers_position_is_said_and_the_fastest_beside_it() -> None:
+    p, head, _ = never_ending()
+    c = ControllerState(p, 2, progress_s=60.0)
+    ((_, text),) = progress_run(c, p, head, 30.0, behind=40)
+    assert "iteration 260, stage instance 782 (worker 1; worker 0 at 300);" in text, text
+
+
+def test_no_progress_line_when_the_period_is_0_the_default() -> None:
+    p, head, _ = never_ending()
+    for c in (ControllerState(p, 2), ControllerState(p, 2, progress_s=0.0)):
+        assert progress_run(c, p, head, 200.0) == []
