@@ -12,6 +12,8 @@ CHECKPOINT_ENV = "CANARY_CHECKPOINT"  # the snapshot folder (--checkpoint)
 CHECKPOINT_EVERY_ENV = "CANARY_CHECKPOINT_EVERY"  # seconds between snapshots
 KEEP_ENV = "CANARY_KEEP"  # snapshots kept
 SLOWDOWN_ENV = "CANARY_SLOWDOWN"  # WORKER:FACTOR: a slower machine (experiments)
+# Read by canary.run on rank 0 (set by the user, not by canary run)
+PROGRESS_ENV = "CANARY_PROGRESS_S"  # seconds between progress lines (0: none)
 
 
 def env_number(name: str, default: float, minimum: float = 0.0, integer: bool = False,

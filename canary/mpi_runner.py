@@ -18,6 +18,7 @@ from canary.env import (
     CHECKPOINT_ENV,
     CHECKPOINT_EVERY_ENV,
     KEEP_ENV,
+    PROGRESS_ENV,
     SLOWDOWN_ENV,
     env_choice,
     env_number,
@@ -57,7 +58,10 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     ``CANARY_CHAOS_MIGRATE=SEED`` moves random partitions instead, and
     ``CANARY_SLOWDOWN=WORKER:FACTOR`` makes one worker that many times slower (experiments).
     A worker that shows no progress for ``CANARY_STALL_S`` seconds (default 10) is named on
-    stderr; workers report their load every ``CANARY_REPORT_MS`` (default 500).
+    stderr; workers report their load every ``CANARY_REPORT_MS`` (default 500). Every
+    ``CANARY_PROGRESS_S`` seconds (default 60; 0: never), the first after half that, rank 0
+    says on stderr how long the job has run, where it stands (loop, line, iteration) and how
+    fast it goes (:mod:`canary.controller.progress`).
 
     Snapshots (``canary run --checkpoint DIR``): ``CANARY_CHECKPOINT=DIR`` takes one every
     ``CANARY_CHECKPOINT_EVERY`` seconds (default 60) and keeps the last ``CANARY_KEEP``
@@ -98,6 +102,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         config = WorkerConfig.from_env(worker=rank - 1, n_workers=size - 1, window=window)
         startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0, above=True)
         stall_s = env_number("CANARY_STALL_S", 10.0, above=True)
+        progress_s = env_number(PROGRESS_ENV, 60.0)  # 0: no progress lines
         check_report_period(config.report_s, stall_s)
         loop_only = trace_level() == "loop"
         if balance is None:
@@ -131,7 +136,8 @@ def run(program: Program, comm: object | None = None, window: int = 64,
             from canary.controller.runtime import run_controller
 
             result = run_controller(program, comm, tracer=tracer, policy=policy, stall_s=stall_s,
-                                    checkpoint=checkpoint, resume_from=resume_from)
+                                    checkpoint=checkpoint, resume_from=resume_from,
+                                    progress_s=progress_s)
             if resume_from is not None:
                 print(f"canary: resumed from snapshot {resume_from.id} in {resume_from.path}",
                       file=sys.stderr, flush=True)

@@ -40,7 +40,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                    tracer: Tracer | None = None, policy: Any = None,
                    tick_s: float = 0.1, stall_s: float = 10.0, close_s: float = 10.0,
                    checkpoint: SnapshotConfig | None = None,
-                   resume_from: Manifest | None = None) -> JobResult:
+                   resume_from: Manifest | None = None, progress_s: float = 0.0) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
@@ -50,6 +50,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
     :mod:`canary.controller.balance`, acts then, and it notices a worker that makes no
     progress); each partition moved and each such worker is said on stderr. It returns once
     every worker has answered the Shutdown (see :func:`await_byes`), or after ``close_s``.
+    With ``progress_s`` > 0 it says where the job stands every ``progress_s`` seconds, the
+    first after half that (:mod:`canary.controller.progress`).
 
     With ``checkpoint`` it takes snapshots (committing each: see :func:`canary.snapshot.commit`);
     with ``resume_from`` the job starts from that snapshot (its reports and task count).
@@ -59,7 +61,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
         program, comm.Get_size() - 1, policy, stall_s, checkpoint=checkpoint,
         first_snapshot=next_id(checkpoint.directory) if checkpoint is not None else 1,
         resumed=None if resume_from is None else resume_from.data,
-        resumed_results=None if resume_from is None else load_results(resume_from))
+        resumed_results=None if resume_from is None else load_results(resume_from),
+        progress_s=progress_s)
     tx = MpiTransport(comm)
     backoff = Backoff(max_sleep=max_sleep)
     t0 = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -108,3 +109,32 @@ def test_canary_run_executes_the_default_example_end_to_end() -> None:
     assert "iter    10  objective" in r.stdout and "training accuracy" in r.stdout
     s = json.loads(r.stdout.strip().splitlines()[-1])
     assert s["workers"] == 2 and s["rows"] == 3000 and s["converged"]
+
+
+def test_a_never_ending_while_shows_its_line_and_a_growing_iteration_count() -> None:
+    # the job's only output until --timeout: without these lines it ran silently
+    driver = ROOT / "tests" / "drivers" / "forever.py"
+    line = next(k for k, text in enumerate(driver.read_text().splitlines(), 1)
+                if "with p.while_(" in text)
+    env = dict(os.environ, CANARY_PROGRESS_S="1", CANARY_SPIN_US="0", MPIEXEC_TIMEOUT="60")
+    r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout", "15",
+                        "tests/drivers/forever.py"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 124, r.stderr[-3000:]
+    # rank 0 writes each line whole, but another rank's output may sit beside it
+    found = re.findall(r"canary: [\d.]+ s: while_ 'never_converges' at "
+                       r"tests/drivers/forever\.py:(\d+) iteration ([\d,]+)", r.stderr)
+    assert len(found) >= 2, r.stderr[-3000:]
+    assert {int(at) for at, _ in found} == {line}
+    iterations = [int(n.replace(",", "")) for _, n in found]
+    assert iterations == sorted(iterations) and iterations[-1] > iterations[0], iterations
+
+
+def test_a_bad_progress_period_is_said_once_at_start_up() -> None:
+    env = {**os.environ, "CANARY_PROGRESS_S": "often"}
+    r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "1", "--timeout", "60",
+                        "tests/drivers/forever.py"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.count("environment variable CANARY_PROGRESS_S='often' is not a number") == 1, \
+        r.stderr
