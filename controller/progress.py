@@ -11,10 +11,10 @@ prints nothing new), the controller prints one line on stderr::
 It is built from the workers' load reports alone (no message more): each carries the worker's
 position (``seq``, the interpreter's op index ``pc`` and its loop ``counters``), the tasks it
 finished and the seconds it waited. The position said is the slowest worker's, since the job
-is only as far as it is; when the furthest worker is at another iteration, it is named after
-it (``(worker 1; worker 0 at 1,205)``). Each worker reports on its own clock, up to
-``CANARY_REPORT_MS`` apart, so in a loop of many iterations a second they show a few apart
-even when none lags. A position is where the worker's interpreter stands: it emits up to a
+is only as far as it is. Each worker reports at its own moment, ``CANARY_REPORT_MS`` apart,
+so workers in step show a little apart in a fast loop; when the furthest is ahead by more than
+a worker goes on by between two reports and at another iteration, it is named after the
+slowest (``(worker 1; worker 0 at 1,250)``). A position is where the worker's interpreter stands: it emits up to a
 window of stage instances (64) ahead of the tasks that have finished, so the iteration said
 can be a little ahead of the last one completed. Iterations count from 0, as in error
 messages and ``ReportEvent.iteration``. The tasks are those the workers reported finished,
@@ -46,6 +46,9 @@ class ProgressMeter:
         self.n_workers = n_workers
         # worker -> (seq, pc, counters) of its latest report, and whether it said it is done
         self.position: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        # worker -> stage instances it went on by between its last two reports: how far apart
+        # two workers in step can show, as each reports at its own moment
+        self.stride: dict[int, int] = {}
         self.done: set[int] = set()
         self.tasks = tasks_base
         # since the last line: the clock, the task count, reported seconds busy and in all
@@ -60,6 +63,8 @@ class ProgressMeter:
 
     def report(self, ev: LoadReport) -> None:
         """Take in one worker's load report."""
+        last = self.position.get(ev.worker)
+        self.stride[ev.worker] = 0 if last is None else max(ev.seq - last[0], 0)
         self.position[ev.worker] = (ev.seq, ev.pc, tuple(ev.counters))
         if ev.done:
             self.done.add(ev.worker)
@@ -97,10 +102,13 @@ class ProgressMeter:
         where = self._where(pc, counters)
         text = f"{head} {where}, stage instance {seq:,}"
         fast = max(running, key=lambda w: (running[w][0], -w))
-        _, fpc, fcounters = running[fast]
+        fseq, fpc, fcounters = running[fast]
         loops = self._loops_at(pc)
-        if (self._loops_at(fpc), fcounters) != (loops, counters):
-            # two workers in different iterations: say the other end too, compactly
+        # Workers in step show apart by up to what one goes on by between two of its reports
+        # (each reports at its own moment): only a gap beyond that is worth a word
+        apart = fseq - seq > max(self.stride.get(w, 0) for w in running)
+        if apart and (self._loops_at(fpc), fcounters) != (loops, counters):
+            # a worker really behind: say where the furthest is too, compactly
             other = (f"{fcounters[-1]:,}" if fcounters and self._loops_at(fpc) == loops
                      and fcounters[:-1] == counters[:-1] else self._where(fpc, fcounters))
             text += f" (worker {slow}; worker {fast} at {other})"

@@ -197,6 +197,11 @@ def test_the_slowest_workers_position_is_said_and_the_fastest_beside_it() -> Non
     c = ControllerState(p, 2, progress_s=60.0)
     ((_, text),) = progress_run(c, p, head, 30.0, behind=40)
     assert "iteration 260, stage instance 782 (worker 1; worker 0 at 300);" in text, text
+    # 2 iterations apart, less than a worker goes on by between two reports (5): reports taken
+    # at different moments, not a worker behind, so nothing more is said
+    c = ControllerState(p, 2, progress_s=60.0)
+    ((_, text),) = progress_run(c, p, head, 30.0, behind=2)
+    assert "iteration 298, stage instance 896;" in text and "worker 0" not in text, text
 
 
 def test_no_progress_line_when_the_period_is_0_the_default() -> None:
