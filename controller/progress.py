@@ -5,8 +5,8 @@ condition never turns false runs silently until ``--timeout``. So, every ``perio
 (``CANARY_PROGRESS_S``; the first after half a period, so that a job of under half a period
 prints nothing new), the controller prints one line on stderr::
 
-    canary: 1 min 30 s: while_ 'while_<lambda>' at apps/foo.py:42 iteration 1,203, stage
-    instance 48,213; 2.1M tasks, 35.1K tasks/s, 13.4 iterations/s; workers 93% busy
+    canary: 90 s: while_ 'never_converges' at tests/drivers/forever.py:25 iteration 20,112,
+    stage instance 60,339; 121K tasks, 1.42K tasks/s, 236 iterations/s; workers 70% busy
 
 It is built from the workers' load reports alone (no message more): each carries the worker's
 position (``seq``, the interpreter's op index ``pc`` and its loop ``counters``), the tasks it

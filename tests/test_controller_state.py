@@ -208,3 +208,28 @@ def test_no_progress_line_when_the_period_is_0_the_default() -> None:
     p, head, _ = never_ending()
     for c in (ControllerState(p, 2), ControllerState(p, 2, progress_s=0.0)):
         assert progress_run(c, p, head, 200.0) == []
+
+
+def test_a_position_in_nested_loops_names_each_loop_outermost_first() -> None:
+    from canary.controller.progress import ProgressMeter
+
+    p = Program("nested")
+    x = p.dataset("x", 1)
+    p.load([x], lambda i, n: np.zeros(1), name="start")
+    with p.loop(10):
+        with p.while_(lambda v: True, on=x, max_iter=50, name="inner"):
+            p.compute(lambda v: v, [x], [x], name="step")
+    p.finalize()
+    site = {op[0]: p.site(pc) for pc, op in enumerate(p.ops) if p.site(pc)}
+    body = next(pc for pc, op in enumerate(p.ops) if op[0] == "stage" and op[1] == 2)
+    meter = ProgressMeter(p, 1, 1.0)
+    meter.report(LoadReport(1, 0, 0.5, (), 0.25, 8, 40, False, pc=body, counters=(3, 7)))
+    assert meter.due(0.4) is None
+    assert meter.due(0.5) == (
+        f"canary: 0.5 s: loop(10) at {site['for']} iteration 3 > while_ 'inner' (max_iter 50) "
+        f"at {site['while']} iteration 7, stage instance 40; 8 tasks, 16 tasks/s; "
+        "workers 50% busy")
+    meter.report(LoadReport(2, 0, 0.5, (), 0.0, 1, 41, False, pc=0, counters=()))
+    assert f"stage 'start' at {p.site(0)}, stage instance 41;" in (meter.due(1.5) or "")
+    meter.report(LoadReport(3, 0, 0.5, (), 0.0, 0, 99, True, pc=len(p.ops) - 1, counters=()))
+    assert meter.due(2.5) is None  # every worker is done: the job is ending
