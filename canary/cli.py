@@ -247,7 +247,8 @@ exit status:
            mpiexec killed by signal S gives 128+S
   124      the time limit (--timeout, MPIEXEC_TIMEOUT) expired
   130      canary run was interrupted (Ctrl-C), 143: terminated (SIGTERM), 129: hung
-           up (SIGHUP); the job was stopped
+           up (SIGHUP); the job was stopped. 143 too when mpiexec got SIGTERM from
+           outside (`kill`, a batch system) and passed it on to the ranks
 
 snapshots: with --checkpoint DIR the job writes a snapshot every --checkpoint-every
 seconds (default 60) into DIR, keeping the last --keep (default 2); `canary run -n M
@@ -256,9 +257,10 @@ may be left out; if given they must be the recorded ones); `canary snapshots DIR
 them.
 
 stopping: Ctrl-C, or SIGTERM/SIGHUP to canary run, stops the whole job (mpiexec and every
-rank) within seconds and prints one line; a second Ctrl-C kills at once. If canary run is
-killed with SIGKILL, mpiexec gets SIGTERM and stops the job, and the ranks on this host stop
-by themselves (Linux).
+rank) within seconds and prints one line; a second Ctrl-C kills at once. SIGTERM to
+mpiexec (MPICH) stops it too, in one line that names mpiexec. If canary run is killed with
+SIGKILL, mpiexec gets SIGTERM and stops the job, and the ranks on this host stop by
+themselves (Linux).
 """
 
 

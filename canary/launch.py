@@ -103,17 +103,21 @@ def sentinel_command() -> list[str]:
     return [sys.executable, "-I", "-S", str(Path(__file__).with_name("sentinel.py"))]
 
 
+def _signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15; ``signal 99`` for a number that names no signal."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def how_it_ended(returncode: int) -> tuple[str, int]:
     """How a rank that did not finish ended, from its returncode (negative: the signal that
     killed it): a phrase (``was killed by SIGKILL``, ``exited with status 3``) and the exit
     status of ``canary run`` that reports it (128 + signal, the exit status, or 1 for a rank
     that exited with 0 before the job finished)."""
     if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"was killed by {name}", 128 - returncode
+        return f"was killed by {_signal_name(-returncode)}", 128 - returncode
     return f"exited with status {returncode}", returncode or 1
 
 
@@ -308,10 +312,11 @@ class JobEnd:
     mpiexec_pid: int = 0
     stuck: str | None = None  # mpiexec's child whose end made the launcher stop the job
     bad_end: tuple[int, str, int | None] | None = None  # see OutputFilter.bad_end
+    hydra: bool = False  # mpiexec is MPICH's hydra (see relayed_signal)
 
 
-_STOP_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
-               signal.SIGHUP: "hung up"}
+_STOP_WORDS: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
+                               signal.SIGHUP: "hung up"}
 LOST = ("the job's results are lost unless it kept snapshots (with --checkpoint DIR, "
         "`canary run --resume DIR` continues from the last one)")
 
@@ -333,6 +338,19 @@ def _lost(end: JobEnd) -> str:
     return LOST
 
 
+def relayed_signal(end: JobEnd) -> int | None:
+    """The signal mpiexec received from outside ``canary run`` (``kill`` of mpiexec, a batch
+    system) and passed on to the ranks, as the ranks' sentinels noted it, or None.
+
+    Only under hydra: its process managers pass on to the ranks only the signals mpiexec
+    received, and end them by themselves only with SIGKILL, which no sentinel can note; another
+    MPI's may end the ranks with SIGTERM after one of them failed.
+    """
+    if not end.hydra or not end.records.signalled:
+        return None
+    return min(end.records.signalled.values(), key=lambda s: s.time).signal
+
+
 def verdict(end: JobEnd) -> tuple[int, list[str]]:
     """The exit status of ``canary run`` and the lines it prints about how the job ended.
 
@@ -342,7 +360,9 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     ``os._exit`` in a kernel) makes the status non-zero (128 + signal for a signal) and is
     named with how it ended; a rank that aborted the job on purpose has printed why, and its
     abort code is the status. 130/143/129: the launcher was interrupted (SIGINT), terminated
-    (SIGTERM) or hung up (SIGHUP) and stopped the job. 124: mpiexec's time limit expired.
+    (SIGTERM) or hung up (SIGHUP) and stopped the job; 128 + the signal too when mpiexec
+    received one from outside and passed it on to the ranks (:func:`relayed_signal`), one line
+    naming mpiexec. 124: mpiexec's time limit expired.
 
     The job's output reaches ``canary run`` through mpiexec and MPI's process manager on each
     host (hydra's proxy): when one of them died, the job is not 0 even if the controller
@@ -384,6 +404,15 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         left = (f"; the ranks it left ({', '.join(name(r) for r in unfinished)}) were stopped"
                 if unfinished else "")
         return status, [f"canary: {who} {phrase} before the job finished{left}; {_lost(end)}"]
+    relayed = relayed_signal(end)
+    if relayed is not None and not finished:  # the ranks ended as told: no rank failed
+        word = _STOP_WORDS.get(relayed, "stopped")
+        who = f"mpiexec (pid {end.mpiexec_pid})" if end.mpiexec_pid else "mpiexec"
+        line = (f"canary: {word}: {who} received {_signal_name(relayed)} from outside canary run; "
+                "job stopped")
+        if end.checkpoint:
+            line += f"; {_lost(end)}"
+        return 128 + relayed, [line]
     managers = _lost_managers(rec)
     if managers:
         host0 = rec.starts[0].host if 0 in rec.starts else None
@@ -630,12 +659,13 @@ def job_environment(env: dict[str, str], folder: str, ranks: int) -> dict[str, s
 
 def rank_lost(end: JobEnd, status: int) -> bool:
     """Whether the job ended because a rank died (killed, out of memory, its host lost), not
-    because the driver or a kernel failed, the launcher stopped it or its time ran out: the
-    case a relaunch from a snapshot recovers (``canary run --restarts``). Never once the
-    controller's driver had ended with 0: the job's results were out, and a relaunch would run
-    it again, and print its answer a second time, for lines that may not have come through."""
+    because the driver or a kernel failed, the launcher or a signal to mpiexec stopped it or its
+    time ran out: the case a relaunch from a snapshot recovers (``canary run --restarts``).
+    Never once the controller's driver had ended with 0: the job's results were out, and a
+    relaunch would run it again, and print its answer a second time, for lines that may not
+    have come through."""
     if status == 0 or end.stopped_by is not None or end.timed_out is not None \
-            or end.stuck is not None:
+            or end.stuck is not None or relayed_signal(end) is not None:
         return False
     rec = end.records
     if rec.ends.get(0) == 0:
@@ -708,7 +738,7 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
             remove_orphan_topologies(started)  # and a killed proxy its topology file
         end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname(),
                      checkpoint=env.get(CHECKPOINT_ENV, ""), mpiexec_pid=proc.pid,
-                     stuck=stopper.stuck)
+                     stuck=stopper.stuck, hydra=hydra)
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
             end.wrote_stderr, end.bad_end = filt.wrote_stderr, filt.bad_end

@@ -86,15 +86,25 @@ class Orphaned:
 
 
 @dataclass(frozen=True)
+class Signalled:
+    """A signal a rank's sentinel got from the process that started it (MPI's process manager,
+    passing on what mpiexec received), and passed on to the rank."""
+
+    signal: int
+    time: float  # when the sentinel got it (time.time())
+
+
+@dataclass(frozen=True)
 class RunRecords:
     """Everything the ranks of one run recorded: who started, who ended by itself with which
-    status, who ended without finishing (with the time its sentinel saw it go), and who lost
-    its process manager."""
+    status, who ended without finishing (with the time its sentinel saw it go), who lost its
+    process manager, and whose sentinel got a signal from it."""
 
     starts: dict[int, RankStart]
     ends: dict[int, int]
     gone: dict[int, Gone]
     orphaned: dict[int, Orphaned] = field(default_factory=dict)
+    signalled: dict[int, Signalled] = field(default_factory=dict)
 
 
 def read_records(folder: str | os.PathLike[str]) -> RunRecords:
@@ -103,6 +113,7 @@ def read_records(folder: str | os.PathLike[str]) -> RunRecords:
     ends: dict[int, int] = {}
     gone: dict[int, Gone] = {}
     orphaned: dict[int, Orphaned] = {}
+    signalled: dict[int, Signalled] = {}
     for path in sorted(Path(folder).glob("*-*.json")):
         kind = path.stem.partition("-")[0]
         try:
@@ -118,9 +129,11 @@ def read_records(folder: str | os.PathLike[str]) -> RunRecords:
             elif kind == "orphaned":
                 orphaned[rank] = Orphaned(str(data["manager"]), int(data["pid"]),
                                           float(data["time"]))
+            elif kind == "signalled":
+                signalled[rank] = Signalled(int(data["signal"]), float(data["time"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return RunRecords(starts, ends, gone, orphaned)
+    return RunRecords(starts, ends, gone, orphaned, signalled)
 
 
 @dataclass(frozen=True)

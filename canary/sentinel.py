@@ -13,7 +13,10 @@ It does three things:
   included; so the ranks with a ``gone`` note are the ones that ended first, not those killed
   while cleaning up, and the note is written before any cleanup starts.
 * It passes SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 on to the rank. The rank gets SIGKILL
-  if the sentinel dies (``PR_SET_PDEATHSIG`` on Linux).
+  if the sentinel dies (``PR_SET_PDEATHSIG`` on Linux). When such a signal comes from the
+  process that started it (MPI's process manager, which passes on what mpiexec received: a
+  ``kill`` of mpiexec, a batch system's time limit), it first writes ``signalled-R.json`` with
+  the signal (Linux: it learns the sender from a ``signalfd``; elsewhere it notes nothing).
 * When the launcher process is gone (``kill -9`` of ``canary run``), it stops the rank: SIGTERM,
   then SIGKILL after :data:`STOP_GRACE` seconds. It watches the launcher only when the launcher
   runs on its host (same host name, and the pid's start time matches, so a recycled pid or
@@ -41,6 +44,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -118,8 +122,10 @@ def is_running(pid: int) -> bool:
     return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X", "")
 
 
-def wait_for_exit(pids: list[int], timeout: float | None = None) -> int | None:
-    """Block until one of ``pids`` has ended; return it (None after ``timeout`` seconds).
+def wait_for_exit(pids: list[int], timeout: float | None = None,
+                  wake: int | None = None) -> int | None:
+    """Block until one of ``pids`` has ended; return it (None after ``timeout`` seconds, or
+    as soon as descriptor ``wake`` is readable).
 
     Uses pidfds where the system has them (woken at once, no polling), else polls every
     :data:`POLL` seconds. A pid that is already gone is returned at once. For a child of the
@@ -144,12 +150,15 @@ def wait_for_exit(pids: list[int], timeout: float | None = None) -> int | None:
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 return None
+            extra = [] if wake is None else [wake]
             if fds:
-                ready, _, _ = select.select(list(fds), [], [], left)
-                if ready:
-                    return fds[ready[0]]
+                ready, _, _ = select.select([*fds, *extra], [], [], left)
             else:
-                time.sleep(POLL if left is None else min(POLL, left))
+                ready, _, _ = select.select(extra, [], [], POLL if left is None else min(POLL, left))
+            if wake is not None and wake in ready:
+                return None
+            if ready:
+                return fds[ready[0]]
     finally:
         for fd in fds:
             os.close(fd)
@@ -224,6 +233,50 @@ def close_other_fds(keep: tuple[int, ...]) -> None:
                 pass
 
 
+def open_signal_fd(signals: tuple[int, ...]) -> int | None:
+    """A descriptor (Linux's ``signalfd``, non-blocking) from which ``signals`` are read with
+    their senders (:func:`read_signals`), or None where there is none.
+
+    The signals are blocked in this thread, so that they wait there instead of reaching their
+    handlers: call it after starting any child, which would inherit the blocked signals.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        signalfd, sigemptyset, sigaddset = libc.signalfd, libc.sigemptyset, libc.sigaddset
+    except (OSError, AttributeError):
+        return None
+    mask = ctypes.create_string_buffer(128)  # a sigset_t: glibc's and musl's are 128 bytes
+    sigemptyset(mask)
+    for sig in signals:
+        sigaddset(mask, int(sig))
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    fd = signalfd(-1, mask, os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:  # a kernel without it: back to the handlers
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        return None
+    return int(fd)
+
+
+def read_signals(fd: int) -> list[tuple[int, int]]:
+    """The signals waiting on :func:`open_signal_fd`'s descriptor ``fd``, oldest first:
+    ``(signal, pid of its sender)`` (0 for one the kernel sent)."""
+    found: list[tuple[int, int]] = []
+    while True:
+        try:
+            data = os.read(fd, 128 * 16)  # whole signalfd_siginfo records of 128 bytes
+        except BlockingIOError:
+            return found
+        if not data:
+            return found
+        for at in range(0, len(data) - 127, 128):
+            signum, _errno, _code, sender = struct.unpack_from("=IiiI", data, at)
+            found.append((signum, sender))
+
+
 def process_name(pid: int) -> str:
     """The program name of process ``pid`` (``hydra_pmi_proxy``), or "" if unknown."""
     try:
@@ -252,9 +305,29 @@ def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | N
     # rank at once, before this sentinel could note how its rank ended
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    # where the signals can be read with their senders, they are (the handlers above serve
+    # until then, and elsewhere)
+    signals = open_signal_fd(FORWARDED)
+    noted = False
+
+    def relay() -> None:
+        nonlocal noted
+        assert signals is not None
+        for signum, sender in read_signals(signals):
+            if sender == parent and parent is not None and not noted:
+                # MPI's process manager passes on only what mpiexec received (hydra's own
+                # cleanup is SIGKILL): the job is being stopped from outside, not failing
+                noted = write_record(folder, "signalled", rank,
+                                     {"rank": rank, "signal": signum, "time": time.time()})
+            child.send_signal(signum)
+
     launcher_gone = False
     while True:
-        ended = wait_for_exit([p for p in (child.pid, launcher, parent) if p is not None])
+        ended = wait_for_exit([p for p in (child.pid, launcher, parent) if p is not None],
+                              wake=signals)
+        if ended is None:
+            relay()
+            continue
         if ended == child.pid:
             break
         if ended == parent:
@@ -269,6 +342,11 @@ def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | N
             shutil.rmtree(folder, ignore_errors=True)
         stop_process(child.pid)
     code = child.wait()
+    if signals is not None:
+        # hydra's proxy signals the sentinel's process group, the rank with it, and the kernel
+        # queues the signal to every member before any of them can be seen to end: a signal
+        # that ended the rank is read here, and noted before its end is
+        relay()
     if not launcher_gone and not os.path.exists(record_path(folder, "end", rank)):
         write_record(folder, "gone", rank,
                      {"rank": rank, "pid": child.pid, "returncode": code, "time": time.time()})
@@ -287,6 +365,10 @@ def exit_like(code: int) -> None:
         try:
             signal.signal(-code, signal.SIG_DFL)
         except (OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+            pass
+        try:  # it may be blocked (read from a signalfd): it would then wait, and not end us
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        except (OSError, ValueError):
             pass
         os.kill(os.getpid(), -code)
         code = 128 - code  # a signal that does not end a process by default

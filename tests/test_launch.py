@@ -217,6 +217,26 @@ def test_stopping_and_time_limit_are_one_line_each() -> None:
     assert status == 124 and "time limit of 60 s" in lines[0]
 
 
+def test_a_signal_mpiexec_received_from_outside_is_a_stop_not_a_rank_death() -> None:
+    # `kill MPIEXEC_PID` (or a batch system's time limit): hydra passes SIGTERM on to every
+    # rank, and it was said as "rank 1 (worker 0, pid 101) was killed by SIGTERM"
+    from canary.ranks import Signalled
+
+    told = {r: Signalled(signal.SIGTERM, 4.0 + r) for r in range(3)}
+    rec = RunRecords(records().starts, {}, {1: Gone(-15, 5.0)}, {}, told)
+    status, lines = verdict(end(rec, 15, mpiexec_pid=77, hydra=True))
+    assert (status, lines) == (143, [
+        "canary: terminated: mpiexec (pid 77) received SIGTERM from outside canary run; job "
+        "stopped"])
+    assert not rank_lost(end(rec, 15, mpiexec_pid=77, hydra=True), status)  # no relaunch
+    # another MPI may end the ranks with SIGTERM itself once one failed: the rank is named
+    status, lines = verdict(end(rec, 15, mpiexec_pid=77))
+    assert status == 143 and lines[0].startswith("canary: rank 1 (worker 0, pid 101) was killed")
+    # a signal that came once the controller had finished stopped nothing that mattered
+    done = RunRecords(records().starts, {0: 0, 1: 0}, {2: Gone(-15, 5.0)}, {}, told)
+    assert verdict(end(done, 15, mpiexec_pid=77, hydra=True))[0] == 0
+
+
 def test_without_records_mpiexec_is_trusted_and_a_late_death_does_not_undo_success() -> None:
     assert verdict(end(RunRecords({}, {}, {}), 3)) == (3, [])
     assert verdict(end(RunRecords({}, {}, {}), -9)) == (137, [
@@ -371,6 +391,35 @@ def test_the_sentinel_notes_a_rank_that_ends_without_finishing_and_ends_alike(
     assert r.returncode == returncode  # MPI sees what it would have seen without a sentinel
     gone = read_records(tmp_path).gone
     assert list(gone) == [2] and gone[2].returncode == returncode
+
+
+def test_the_sentinel_notes_a_signal_from_the_process_that_started_it(tmp_path: Path) -> None:
+    # the test stands for MPI's process manager: what it sends, mpiexec received; what another
+    # process sends (here: `kill`) is not noted
+    for sender in ("parent", "other"):
+        folder = tmp_path / sender
+        folder.mkdir()
+        up = folder / "up"
+        rank = subprocess.Popen([*sentinel_command(), sys.executable, "-c",
+                                 f"import pathlib, time; pathlib.Path({str(up)!r}).touch(); "
+                                 "time.sleep(120)"], env=run_env(folder, rank=1, ranks=2))
+        try:
+            deadline = time.monotonic() + 60
+            while not up.exists():
+                assert time.monotonic() < deadline and rank.poll() is None
+                time.sleep(0.05)
+            if sender == "parent":
+                rank.send_signal(signal.SIGTERM)
+            else:
+                subprocess.run(["kill", "-TERM", str(rank.pid)], check=True, timeout=30)
+            assert rank.wait(timeout=30) == -signal.SIGTERM  # passed on; ended alike
+        finally:
+            rank.kill()
+            rank.wait()
+        rec = read_records(folder)
+        assert rec.gone[1].returncode == -signal.SIGTERM
+        assert [(r, s.signal) for r, s in rec.signalled.items()] == (
+            [(1, signal.SIGTERM)] if sender == "parent" else [])
 
 
 def test_a_rank_that_records_its_end_is_not_noted_as_gone(tmp_path: Path) -> None:
@@ -679,6 +728,22 @@ def test_stopping_canary_run_stops_every_process_of_the_job(long_job: LongJob,
     assert list(long_job.tmp.iterdir()) == []  # no folder of the launcher's, even after SIGKILL
     if sig == signal.SIGTERM:
         assert status == 143 and err == "canary: terminated; job stopped\n"
+
+
+def test_sigterm_to_mpiexec_stops_the_job_with_one_line_naming_it(long_job: LongJob) -> None:
+    # what a batch system or `kill MPIEXEC_PID` does: it was said as a rank killed by SIGTERM
+    long_job.wait_running()
+    launcher = long_job.proc.pid
+    mpiexec = [int(p) for p in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()]
+    assert len(mpiexec) == 1, marked(long_job.mark)
+    os.kill(mpiexec[0], signal.SIGTERM)
+    status, err = long_job.finish()
+    # (a worker slowed by a busy machine may have had a partition moved off it, said on stderr)
+    assert status == 143 and err.splitlines()[-1] == (
+        f"canary: terminated: mpiexec (pid {mpiexec[0]}) received SIGTERM from outside canary "
+        "run; job stopped"), err
+    assert "killed" not in err
+    assert long_job.leftovers() == {}
 
 
 def test_ctrl_c_stops_the_job_with_one_line(long_job: LongJob) -> None:
