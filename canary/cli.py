@@ -260,7 +260,7 @@ stopping: Ctrl-C, or SIGTERM/SIGHUP to canary run, stops the whole job (mpiexec 
 rank) within seconds and prints one line; a second Ctrl-C kills at once. SIGTERM to
 mpiexec (MPICH) stops it too, in one line that names mpiexec. If canary run is killed with
 SIGKILL, mpiexec gets SIGTERM and stops the job, and the ranks on this host stop by
-themselves (Linux).
+themselves (Linux); the next canary run removes the run folder it may have left in TMPDIR.
 """
 
 

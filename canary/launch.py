@@ -16,14 +16,19 @@ launcher, and say how the job ended.
   argument error or ``--help`` printed by every rank shows once); MPICH's own ``Abort(...)``
   lines and termination banners are dropped, because canary says what happened. Other MPIs'
   output passes through untouched.
-* **Exit status.** The ranks record their start and end in a run folder
-  (:mod:`canary.ranks`), their sentinels how a rank that did not finish ended, and
+* **Run folder.** The ranks record their start and end in a run folder in the temp directory
+  (:mod:`canary.ranks`), named after the launcher (:func:`make_run_folder`). The launcher
+  removes it when it ends, the sentinels when they see the launcher killed, and the next run
+  one that a launcher killed with SIGKILL before any sentinel ran left behind
+  (:func:`remove_stale_run_folders`).
+* **Exit status.** The sentinels note there how a rank that did not finish ended, and
   :func:`verdict` reads that with what mpiexec said: 0 only when rank 0 (the controller)
   finished normally; a rank that ended before the job finished is named with how it ended.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import selectors
@@ -78,6 +83,64 @@ _PROXY = re.compile(rb"\[proxy:[^\]]*\] ")  # a hydra proxy's own complaint
 # hydra's banner for the first of its processes that ended badly (under canary: a sentinel)
 _BAD_PID = re.compile(rb"=   PID (\d+) RUNNING AT (\S+)")
 _BAD_CODE = re.compile(rb"=   EXIT CODE: (\d+)")
+
+
+RUN_FOLDER_PREFIX = "canary-run-"
+# canary-run-PID-START-OWNER-RANDOM: the launcher's pid and start time, and where it runs
+_RUN_FOLDER = re.compile(r"canary-run-(\d+)-(\d+)-([0-9a-f]{8})-[a-z0-9_]+")
+
+
+def _where() -> str:
+    """Eight hex digits that stand for this host and pid namespace: a launcher's pid and start
+    time say whether it still runs only where both are the same."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return hashlib.sha256(f"{socket.gethostname()} {namespace}".encode()).hexdigest()[:8]
+
+
+def make_run_folder(tmpdir: str | None = None) -> str:
+    """Make this launcher's run folder in ``tmpdir`` (default: the temp directory) and return
+    its path. Its name holds this process's pid and start time, so that
+    :func:`remove_stale_run_folders` can tell once the launcher is gone."""
+    me = os.getpid()
+    return tempfile.mkdtemp(prefix=f"{RUN_FOLDER_PREFIX}{me}-{process_start_time(me) or 0}-"
+                                   f"{_where()}-", dir=tmpdir)
+
+
+def remove_stale_run_folders(tmpdir: str | None = None) -> list[str]:
+    """Remove the run folders in ``tmpdir`` (default: the temp directory) whose launcher is
+    gone, and return their paths.
+
+    The launcher removes its folder when it ends, and the sentinels when they see it killed;
+    but a launcher killed with SIGKILL before any sentinel ran, or while a rank still wrote to
+    the folder, left it. Removed is only a folder that is surely stale: this user's, made (see
+    :func:`make_run_folder`) on this host and in this pid namespace, whose launcher's pid no
+    longer names a process with its start time. Any other (another host's on a shared temp
+    directory, another user's, an older canary's without a launcher in its name) is kept.
+    """
+    me = os.getpid()
+    if process_start_time(me) is None:  # no /proc: no launcher can be known to be gone
+        return []
+    base, here, removed = tmpdir or tempfile.gettempdir(), _where(), []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return []
+    for entry in entries:
+        m = _RUN_FOLDER.fullmatch(entry.name)
+        if m is None or m.group(3) != here or m.group(2) == "0":
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if process_start_time(int(m.group(1))) != m.group(2):  # gone, or its pid reused
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
 
 
 def is_hydra(mpiexec: str) -> bool:
@@ -691,11 +754,13 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
     stderr. Raises OSError if mpiexec cannot be started.
     """
     remove_stale()  # what earlier jobs that nothing cleaned up after left in /dev/shm
-    folder = tempfile.mkdtemp(prefix="canary-run-")
+    remove_stale_run_folders()  # ... and in the temp directory
     started = time.time()
     stopper = _Stopper()
-    stopper.install()
+    stopper.install()  # first: a SIGTERM from now on still removes the folder
+    folder = None
     try:
+        folder = make_run_folder()
         proc = subprocess.Popen(
             command, env=job_environment(env, folder, ranks), start_new_session=True,
             # without it a `kill -9` of canary run would leave mpiexec and every rank running
@@ -747,7 +812,8 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
         return status, rank_lost(end, status)
     finally:
         stopper.restore()
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper,

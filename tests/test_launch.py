@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -606,6 +607,55 @@ def test_supervise_passes_another_mpis_output_through_and_reads_the_records(
     assert out == "rank output\n" and status == 1 and lost  # it ended without finishing
     assert err == ("canary: rank 0 (controller) exited with status 0 before the job finished; "
                    f"{LOST}\n")
+
+
+def start_launcher(tmp: Path) -> subprocess.Popen[str]:
+    """A launcher (``supervise_job``) whose mpiexec is a stand-in that starts no rank, with
+    ``tmp`` as its temp directory; returns once its run folder is made."""
+    stand_in = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys; from canary.launch import supervise_job; "
+         f"supervise_job({stand_in!r}, dict(os.environ), 1, False)"],
+        cwd=ROOT, env=dict(os.environ, TMPDIR=str(tmp)), stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None and launcher.stdout.readline() == "up\n"
+    return launcher
+
+
+def test_a_run_folder_left_by_a_killed_launcher_is_removed_by_the_next_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `canary run` killed with SIGKILL before any sentinel ran (nothing else cleans up) left
+    # an empty canary-run-* folder in the temp directory for good
+    dead, live = start_launcher(tmp_path), None
+    try:
+        dead.kill()
+        dead.wait()
+        left = list(tmp_path.iterdir())
+        assert len(left) == 1 and left[0].name.startswith("canary-run-")
+        live = start_launcher(tmp_path)  # another run, still going: its folder stays
+        kept = set(tmp_path.iterdir()) - set(left)
+        older = tmp_path / "canary-run-k2j4h8x1"  # no launcher in its name: kept
+        older.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        assert supervise_job([sys.executable, "-c", "pass"], dict(os.environ), 1, False)[0] == 0
+        assert set(tmp_path.iterdir()) == kept | {older}
+    finally:
+        for proc in (dead, live):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def test_only_a_run_folder_whose_launcher_is_surely_gone_is_removed(tmp_path: Path) -> None:
+    folder = Path(launch.make_run_folder(str(tmp_path)))
+    me, start, where, rest = folder.name.removeprefix("canary-run-").split("-")
+    assert (int(me), start) == (os.getpid(), process_start_time(os.getpid()))
+    reused = tmp_path / f"canary-run-{me}-{int(start) + 1}-{where}-{rest}"  # pid now another's
+    elsewhere = tmp_path / f"canary-run-{me}-{int(start) + 1}-{'0' * 8}-{rest}"  # another host
+    unknown = tmp_path / f"canary-run-{me}-0-{where}-{rest}"  # no start time when made
+    for path in (reused, elsewhere, unknown):
+        path.mkdir()
+    assert launch.remove_stale_run_folders(str(tmp_path)) == [str(reused)]
+    assert set(tmp_path.iterdir()) == {folder, elsewhere, unknown}
 
 
 # -- real runs through `canary run` ---------------------------------------------------------
