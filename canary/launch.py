@@ -80,7 +80,8 @@ _MPIEXEC_NOISE = re.compile(  # hydra's termination banner and Ctrl-C notices
     rb"|\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes as requested"
     rb"|Press Ctrl-C again to force abort)")
 _PROXY = re.compile(rb"\[proxy:[^\]]*\] ")  # a hydra proxy's own complaint
-# hydra's banner for the first of its processes that ended badly (under canary: a sentinel)
+# hydra's banner for a process that ended badly (under canary: a sentinel; which one, see
+# killed_sentinel)
 _BAD_PID = re.compile(rb"=   PID (\d+) RUNNING AT (\S+)")
 _BAD_CODE = re.compile(rb"=   EXIT CODE: (\d+)")
 
@@ -209,7 +210,9 @@ class OutputFilter:
         self.aborts: dict[int, int] = {}  # rank -> the code it called MPI_Abort with
         self.timed_out: int | None = None  # hydra's MPIEXEC_TIMEOUT expired after this many s
         self.wrote_stderr: set[int] = set()  # ranks that printed anything on stderr
-        # the process hydra named first as ended badly: (pid, host, its exit code)
+        # the process hydra's first banner names as ended badly: (pid, host, its exit code);
+        # the first in rank order of those its host's process manager saw killed, not the first
+        # to end (see killed_sentinel)
         self.bad_end: tuple[int, str, int | None] | None = None
         self._proxy_lines: list[tuple[int, bytes]] = []
         self._raw = {STDOUT: b"", STDERR: b""}
@@ -376,6 +379,7 @@ class JobEnd:
     stuck: str | None = None  # mpiexec's child whose end made the launcher stop the job
     bad_end: tuple[int, str, int | None] | None = None  # see OutputFilter.bad_end
     hydra: bool = False  # mpiexec is MPICH's hydra (see relayed_signal)
+    ranks: int = 0  # how many ranks the job has (0: not known)
 
 
 _STOP_WORDS: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
@@ -531,14 +535,20 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     # nothing else said how: hydra's banner names a process that ended badly, and a sentinel
     # that was killed could not note its rank's end (hydra names one of those it killed too,
     # so this comes last)
-    sentinel = _killed_sentinel(end)
+    sentinel = killed_sentinel(end)
     if sentinel is not None:
         rank, code = sentinel
         phrase, status = how_it_ended(-code) if 0 < code < 65 else how_it_ended(code)
-        return status, [f"canary: a rank's sentinel ended before the job finished without noting "
-                        f"how its rank ended: it was killed (hydra names the sentinel, pid "
-                        f"{rec.starts[rank].sentinel}, of {name(rank)}, which {phrase}, but may "
-                        f"name one it stopped itself); {_lost(end)}"]
+        if rank is not None:
+            return status, [f"canary: the sentinel (pid {rec.starts[rank].sentinel}) of "
+                            f"{name(rank)} {phrase} before the job finished, so how its rank "
+                            f"ended is not known; {_lost(end)}"]
+        host = end.bad_end[1] if end.bad_end is not None else end.host
+        where = "" if host == end.host else f" on {host}"
+        return status, [f"canary: a rank's sentinel{where} {phrase} before the job finished, so "
+                        "how its rank ended is not known, nor which rank's it was (hydra then "
+                        "kills the other sentinels with SIGKILL too, and names the first in rank "
+                        f"order); {_lost(end)}"]
     early = _killed_unstarted(end)
     if early is not None:
         pid, code = early
@@ -566,17 +576,28 @@ def _lost_managers(rec: RunRecords) -> list[tuple[str, Orphaned, list[int]]]:
     return [(host, o, sorted(ranks)) for (host, _), (o, ranks) in found.items()]
 
 
-def _killed_sentinel(end: JobEnd) -> tuple[int, int] | None:
-    """The rank whose sentinel hydra named first as ended badly, and hydra's exit code for it
-    (a signal's number for a killed process), or None: a sentinel that was killed could not
-    note how its rank ended."""
+def killed_sentinel(end: JobEnd) -> tuple[int | None, int] | None:
+    """What hydra's banner (:attr:`OutputFilter.bad_end`) says of a started rank's sentinel
+    that was killed, and so could not note how its rank ended: ``(rank, code)``, where rank is
+    the rank whose sentinel it surely is, or None when the banner names a started rank's
+    sentinel but need not mean the one that was killed, and code is hydra's exit code for it
+    (a signal's number). None when the banner names no started rank's sentinel.
+
+    Hydra's process manager kills every process of its host with SIGKILL as soon as one was
+    killed, and the banner then names the first *in rank order* of those killed, not the first
+    to be: a sentinel named with SIGKILL is surely the one killed only when it ran the only rank
+    of its host (every rank had started, so all of that host's are known). One named with
+    another signal got it from elsewhere than hydra's cleanup: it is named as it is.
+    """
     if end.bad_end is None:
         return None
     pid, host, code = end.bad_end
-    for start in end.records.starts.values():
-        if start.sentinel == pid and start.host == host and code is not None:
-            return start.rank, code
-    return None
+    starts = end.records.starts
+    named = next((s for s in starts.values() if s.sentinel == pid and s.host == host), None)
+    if named is None or code is None:
+        return None
+    alone = len(starts) == end.ranks and [s.host for s in starts.values()].count(host) == 1
+    return (named.rank if code != signal.SIGKILL or alone else None), code
 
 
 def _killed_unstarted(end: JobEnd) -> tuple[int, int] | None:
@@ -735,7 +756,7 @@ def rank_lost(end: JobEnd, status: int) -> bool:
         return False
     if end.mpiexec_status < 0 or rec.orphaned or (
             not rec.gone and not end.aborts and not any(rec.ends.values())
-            and (_killed_sentinel(end) is not None or _killed_unstarted(end) is not None)):
+            and (killed_sentinel(end) is not None or _killed_unstarted(end) is not None)):
         return True  # the process manager, or a rank's sentinel, is lost
     if rec.gone:  # a sentinel saw its rank end without finishing
         return any(r not in end.aborts for r in rec.gone)
@@ -803,7 +824,7 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
             remove_orphan_topologies(started)  # and a killed proxy its topology file
         end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname(),
                      checkpoint=env.get(CHECKPOINT_ENV, ""), mpiexec_pid=proc.pid,
-                     stuck=stopper.stuck, hydra=hydra)
+                     stuck=stopper.stuck, hydra=hydra, ranks=ranks)
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
             end.wrote_stderr, end.bad_end = filt.wrote_stderr, filt.bad_end

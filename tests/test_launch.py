@@ -278,17 +278,47 @@ def test_a_killed_mpiexec_or_process_manager_is_never_success_and_is_named() -> 
     assert verdict(end(done, 255))[0] == 1
 
 
-def test_a_killed_sentinel_is_said_with_what_hydra_names() -> None:
+def banner(pid: int, host: str, code: int) -> bytes:
+    """Hydra's banner for a process that ended badly, as mpiexec prints it."""
+    return (b"\n" + b"=" * 83 + b"\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n"
+            + f"=   PID {pid} RUNNING AT {host}\n=   EXIT CODE: {code}\n".encode()
+            + b"=   CLEANING UP REMAINING PROCESSES\n=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES\n"
+            + b"=" * 83 + b"\n")
+
+
+def test_a_killed_sentinel_is_named_only_where_hydra_surely_means_it() -> None:
+    # rank 2's sentinel killed with SIGKILL: hydra killed the others with SIGKILL too, and its
+    # banner named rank 0's, the first in rank order; canary said rank 0's sentinel was killed
     f = OutputFilter(ranks=3)
-    f.feed(STDOUT, b"=" * 83 + b"\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n"
-           b"=   PID 201 RUNNING AT here\n=   EXIT CODE: 9\n", now=0.0)
+    f.feed(STDOUT, banner(200, "here", 9) + banner(202, "here", 9), now=0.0)
     f.finish()
-    assert written(f) == [] and f.bad_end == (201, "here", 9)
-    status, lines = verdict(end(records(), 9, bad_end=f.bad_end))
-    assert status == 137 and lines == [
-        "canary: a rank's sentinel ended before the job finished without noting how its rank "
-        "ended: it was killed (hydra names the sentinel, pid 201, of rank 1 (worker 0, pid 101), "
-        f"which was killed by SIGKILL, but may name one it stopped itself); {LOST}"]
+    assert written(f) == [] and f.bad_end == (200, "here", 9)  # the first banner
+    killed = end(records(), 9, bad_end=f.bad_end)
+    assert verdict(killed) == (137, [
+        "canary: a rank's sentinel was killed by SIGKILL before the job finished, so how its rank "
+        "ended is not known, nor which rank's it was (hydra then kills the other sentinels with "
+        f"SIGKILL too, and names the first in rank order); {LOST}"])
+    assert rank_lost(killed, 137)  # a rank is lost all the same: --restarts relaunches
+    # a started rank's sentinel, but whose is not known (three ranks ran on its host)
+    assert launch.killed_sentinel(end(records(), 9, bad_end=f.bad_end, ranks=3)) == (None, 9)
+    # another signal than hydra's own: that sentinel got it
+    quit_ = end(records(), 3, bad_end=(200, "here", 3), ranks=3)
+    assert launch.killed_sentinel(quit_) == (0, 3)
+    assert verdict(quit_) == (131, [
+        "canary: the sentinel (pid 200) of rank 0 (controller, pid 100) was killed by SIGQUIT "
+        f"before the job finished, so how its rank ended is not known; {LOST}"])
+    # one rank a host: the only sentinel of its host is the one its process manager saw killed
+    apart = RunRecords({r: RankStart(r, 100 + r, h, "1", 200 + r)
+                        for r, h in enumerate(["here", "b", "c"])}, {}, {})
+    assert launch.killed_sentinel(end(apart, 9, bad_end=(202, "c", 9), ranks=3)) == (2, 9)
+    assert verdict(end(apart, 9, bad_end=(202, "c", 9), ranks=3))[1][0].startswith(
+        "canary: the sentinel (pid 202) of rank 2 (worker 1, pid 102 on c) was killed by SIGKILL")
+    # ... unless a rank that had not started may have run there too
+    assert launch.killed_sentinel(end(apart, 9, bad_end=(202, "c", 9), ranks=4)) == (None, 9)
+    assert verdict(end(apart, 9, bad_end=(202, "c", 9), ranks=4))[1][0].startswith(
+        "canary: a rank's sentinel on c was killed by SIGKILL before the job finished")
+    # a pid that is a sentinel's on another host is not that sentinel
+    assert launch.killed_sentinel(end(apart, 9, bad_end=(202, "b", 9), ranks=3)) is None
 
 
 def test_a_sentinel_killed_before_its_rank_started_is_said_and_relaunched() -> None:
