@@ -18,9 +18,10 @@ It does three things:
   ``kill`` of mpiexec, a batch system's time limit), it first writes ``signalled-R.json`` with
   the signal (Linux: it learns the sender from a ``signalfd``; elsewhere it notes nothing).
 * When the launcher process is gone (``kill -9`` of ``canary run``), it stops the rank: SIGTERM,
-  then SIGKILL after :data:`STOP_GRACE` seconds. It watches the launcher only when the launcher
-  runs on its host (same host name, and the pid's start time matches, so a recycled pid or
-  another pid namespace is never mistaken for it).
+  then SIGKILL after :data:`STOP_GRACE` seconds, and removes the run folder (again once its
+  rank has ended, after anything it wrote there). It watches the launcher only when the
+  launcher runs on its host (same host name, and the pid's start time matches, so a recycled
+  pid or another pid namespace is never mistaken for it).
 * When the process that started it is gone (MPI's process manager on this host: MPICH's
   ``hydra_pmi_proxy``), the rank's output and its link to MPI are gone with it: the job cannot
   end well. It writes ``orphaned-R.json`` naming that process, then stops the rank as above,
@@ -339,7 +340,7 @@ def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | N
         else:
             # The launcher is gone: nobody will collect this run, and the job must not outlive it.
             launcher_gone, launcher = True, None
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)  # at once: the rank may take seconds
         stop_process(child.pid)
     code = child.wait()
     if signals is not None:
@@ -347,7 +348,15 @@ def supervise_rank(command: list[str], folder: str, rank: int, launcher: int | N
         # queues the signal to every member before any of them can be seen to end: a signal
         # that ended the rank is read here, and noted before its end is
         relay()
-    if not launcher_gone and not os.path.exists(record_path(folder, "end", rank)):
+    if launcher is not None and not is_running(launcher):
+        # killed as the rank ended (its mpiexec passes SIGTERM on to every rank when it dies),
+        # and seen here first: the same as above
+        launcher_gone = True
+    if launcher_gone:
+        # last, after what this sentinel wrote: a note written beside another sentinel's
+        # removal of the folder kept it (an empty or all but empty folder left behind)
+        shutil.rmtree(folder, ignore_errors=True)
+    elif not os.path.exists(record_path(folder, "end", rank)):
         write_record(folder, "gone", rank,
                      {"rank": rank, "pid": child.pid, "returncode": code, "time": time.time()})
     return code

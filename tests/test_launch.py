@@ -592,6 +592,22 @@ def test_the_sentinel_stops_its_rank_when_the_launcher_is_gone(tmp_path: Path) -
         launcher.wait()
 
 
+def test_a_sentinel_whose_rank_ends_as_the_launcher_dies_removes_the_run_folder(
+        tmp_path: Path) -> None:
+    # the sentinel saw its rank's end first and noted it in the folder of a launcher that was
+    # gone (a SIGKILL of canary run makes mpiexec stop every rank at once): it stayed behind
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        me = f"{launcher.pid} {process_start_time(launcher.pid)} {os.uname().nodename}"
+        r = subprocess.run([*sentinel_command(), sys.executable, "-c",
+                            f"import os; os.kill({launcher.pid}, 9); os._exit(0)"],
+                           env=run_env(tmp_path, **{LAUNCHER: me}), timeout=60)
+        assert r.returncode == 0 and not tmp_path.exists()
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
 def test_a_sentinel_whose_process_manager_dies_stops_its_rank_and_keeps_none_of_its_pipes(
         tmp_path: Path) -> None:
     # a stand-in for hydra's proxy: it leaks a pipe to mpiexec (here: to the test) into the
