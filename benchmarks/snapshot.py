@@ -213,10 +213,11 @@ def recovery(rows: int, iters: int, every: float, tmp: str,
 
 
 def lateness(steps: int, step_ms: float, every: float, tmp: str,
-             sink: list[dict[str, Any]]) -> dict[str, float]:
-    """First commit and median gap between commits, window fixed against following the pace
-    (the run-ahead window: ``docs/architecture.md``); one row each, in that order."""
-    gaps: dict[str, float] = {}
+             sink: list[dict[str, Any]]) -> dict[str, float | None]:
+    """First commit and median gap between commits (None with fewer than two), window fixed
+    against following the pace (the run-ahead window: ``docs/architecture.md``); one row each,
+    in that order."""
+    gaps: dict[str, float | None] = {}
     for window, env in (("fixed", {"CANARY_WINDOW_MS": "0"}), ("pace", {})):
         ck = os.path.join(tmp, f"ck-late-{window}")
         run = Run(["-n", "2", "--balance", "off", "--checkpoint", ck, "--checkpoint-every",
@@ -224,13 +225,13 @@ def lateness(steps: int, step_ms: float, every: float, tmp: str,
                    str(step_ms)], tmp, env)
         assert run.wait() == 0, "the job failed"
         commits = sorted(float(s.data["run_seconds"]) for s in committed(ck))
-        gap = statistics.median(np.diff(commits)) if len(commits) > 1 else float("nan")
-        gaps[window] = float(gap)
+        gap = round(float(statistics.median(np.diff(commits))), 3) if len(commits) > 1 else None
+        gaps[window] = gap
         emit({"kind": "lateness", "window": window, "steps": steps, "step_ms": step_ms,
               "every_s": every, "run_s": round(run.summary()["seconds"], 3),
               "snapshots": len(commits),
               "first_commit_s": round(commits[0], 3) if commits else None,
-              "median_gap_s": round(gap, 3)}, sink)
+              "median_gap_s": gap}, sink)
     return gaps
 
 
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.mb, args.reps, args.lr, args.iters, args.every = 4.0, 2, 4000, 400, 0.2
-        args.steps, args.step_ms, args.late_every = 16, 50.0, 0.2
+        args.steps, args.step_ms, args.late_every = 30, 40.0, 0.2
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(KINDS)
     if unknown:
@@ -273,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             summary.update(kill_to_running_s=rec["kill_to_running_s"])
         if "lateness" in kinds:
             late = lateness(args.steps, args.step_ms, args.late_every, tmp, sink)
-            summary.update(median_gap_fixed_window_s=round(late["fixed"], 3),
-                           median_gap_paced_window_s=round(late["pace"], 3))
+            summary.update(median_gap_fixed_window_s=late["fixed"],
+                           median_gap_paced_window_s=late["pace"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     emit(summary, sink)
