@@ -81,6 +81,10 @@ class Stage:
     callback: Callable[..., Any] | None = None
     # Per-partition (dataset, mode) accesses of a task of this stage, precomputed for the hot path.
     accesses: tuple[tuple[Dataset, int], ...] = field(default=())
+    # "file:line" of the driver statement that declared the stage (for a while_/if_ signal, the
+    # `with` line), set by Program._add; "" if unknown. Said in label(), never in describe():
+    # a comment added above a statement must not change what ranks and snapshots compare.
+    site: str = ""
 
     @property
     def partitions(self) -> int:
@@ -104,10 +108,16 @@ class Stage:
                       "t=" + hashlib.sha256(repr(self.targets).encode()).hexdigest()[:16]]
         return " ".join(parts)
 
-    def label(self, iteration: tuple[int, ...] | None = None) -> str:
-        """Human-readable name for error messages: ``stage 'grad' (id 4, iteration (3,))``."""
+    def label(self, iteration: tuple[int, ...] | None = None, *, declared: bool = True) -> str:
+        """Human-readable name for error messages, with the driver line that declared the stage
+        when known: ``stage 'grad' (id 4, iteration (3,), declared at train.py:31)``.
+
+        ``declared=False`` leaves the line out, for text that is stored and compared across
+        runs (a snapshot's kernel hashes, its position) rather than read once: the line moves
+        when the driver is edited above the statement, and the stage is still the same one."""
         it = "" if not iteration else f", iteration {iteration}"
-        return f"stage '{self.name}' (id {self.id}{it})"
+        at = f", declared at {self.site}" if declared and self.site else ""
+        return f"stage '{self.name}' (id {self.id}{it}{at})"
 
 
 def _fn_name(fn: Any) -> str:
@@ -588,7 +598,8 @@ class Program:
             for st in self.stages:
                 fns = [f for f in (st.fn, st.gather) if f is not None and not isinstance(f, str)]
                 if fns:
-                    found[st.label()] = ",".join(_source_hash(f) for f in fns)
+                    # keyed without the line: the snapshot must match after an edit above
+                    found[st.label(declared=False)] = ",".join(_source_hash(f) for f in fns)
             self._sources = found
         return dict(self._sources)
 
@@ -619,10 +630,13 @@ class Program:
         stage.accesses = tuple((d, READ) for d in stage.reads if d not in stage.writes) + tuple(
             (d, WRITE) for d in stage.writes
         )
+        # for a signal, the `with p.while_(...)`/`with p.if_(...)` line: _caller_site skips
+        # contextlib's __enter__, which runs while_/if_ and so this
+        stage.site = _caller_site()
         self.stages.append(stage)
         self._written.update(d.id for d in stage.writes)
         if stage.kind != SIGNAL:
-            self._sites[len(self.ops)] = _caller_site()
+            self._sites[len(self.ops)] = stage.site
             self.ops.append((OP_STAGE, stage.id))
         return stage
 

@@ -28,6 +28,26 @@ def mpirun(ranks: int, script: str, *args: str, timeout: int = MPI_TIMEOUT,
                           timeout=timeout + 30)
 
 
+def declared_at(marker: str, file: str | os.PathLike[str] | None = None,
+                cwd: str | os.PathLike[str] | None = None) -> str:
+    """``file:line`` of the one line of ``file`` (default: the caller's source file) that ends
+    with ``marker`` (a trailing comment such as ``# declared: check``; the call that names it
+    does not end with it), said as canary says the driver line that declared a stage: the
+    file relative to the working directory when under it, else absolute. ``cwd`` is that
+    directory (default: this process's; give a launched job's own). Raises AssertionError
+    unless exactly one line ends with it. Tests name the expected line this way so that it
+    follows the statement when lines above it move."""
+    if file is None:
+        file = sys._getframe(1).f_code.co_filename
+    path = os.path.abspath(file)
+    lines = [k for k, text in enumerate(Path(path).read_text().splitlines(), 1)
+             if text.rstrip().endswith(marker)]
+    assert len(lines) == 1, f"{marker!r} ends lines {lines} of {path}, expected one"
+    here = os.path.abspath(cwd if cwd is not None else os.getcwd())
+    shown = os.path.relpath(path, here) if path.startswith(here + os.sep) else path
+    return f"{shown}:{lines[0]}"
+
+
 def shm_segments() -> set[str]:
     """The MPICH shared-memory files in ``/dev/shm`` now, by path."""
     from canary.mpich_shm import PREFIX, SHM_FOLDER

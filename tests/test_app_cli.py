@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.app_helpers import ONE_RANK_NOTE, run_python, strict_loads
-from tests.conftest import mpirun
+from tests.conftest import ROOT, declared_at, mpirun
 
 SMALL = {  # a few seconds each with the numba cache warm
     "logistic_regression": ["--generate", "300,4"],
@@ -59,9 +59,10 @@ def test_a_job_that_fails_in_one_process_is_said_as_canary_run_says_it(tmp_path:
     np.savez(data, X=X, y=np.where(X[:, 0] > 0, 1.0, 2.0))
     r = run_python("apps/logistic_regression.py", "--input", str(data))
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
+    at = declared_at('name="load_rows")', ROOT / "apps/logistic_regression.py", ROOT)
     assert r.stderr.splitlines()[1:] == [
-        "canary: job aborted: rank 1 (worker 0): stage 'load_rows' (id 0), load task on "
-        "partition 0 failed:",
+        f"canary: job aborted: rank 1 (worker 0): stage 'load_rows' (id 0, declared at {at}), "
+        "load task on partition 0 failed:",
         f"{data}: row {int(np.argmax(X[:, 0] <= 0))} (0-based) of y: label 2.0 is not a binary "
         "label (expected 0/1 or -1/+1)"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numba
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import canary
 import canary.worker.execute
 from canary import Program, TaskError
 from canary.worker.chain import MAX_BODIES, ChainCache, split_period
+from tests.conftest import declared_at
 
 
 @numba.njit(cache=True)
@@ -57,7 +60,7 @@ def loop_program(body: list, iters: int, parts: int = 3) -> Program:
     p.load([x], lambda i, n: np.array([float(i), 1.0]))
     with p.loop(iters):
         for k, fn in enumerate(body):
-            p.compute(fn, [x], [x], name=f"s{k}")
+            p.compute(fn, [x], [x], name=f"s{k}")  # declared: s0, s1, ...
     p.report(x)
     return p
 
@@ -120,8 +123,9 @@ def test_a_body_numba_cannot_compile_falls_back_to_python(chains: ChainCache) ->
 def test_failure_inside_a_compiled_loop_names_instance_and_partition(chains: ChainCache) -> None:
     # Partition i starts at x[0] = i and _inc adds 1 per iteration. A stretch runs partition by
     # partition, so partition 0 goes first and fails in iteration 4 (after 5 increments).
-    with pytest.raises(TaskError, match=r"(?s)stage 's1' \(id 2, iteration \(4,\)\), compute task on "
-                                        r"partition 0 .*reached five"):
+    at = re.escape(declared_at("# declared: s0, s1, ..."))
+    with pytest.raises(TaskError, match=rf"(?s)stage 's1' \(id 2, iteration \(4,\), declared at "
+                                        rf"{at}\), compute task on partition 0 .*reached five"):
         canary.run_local(loop_program([_inc, _fail_at_5], 9), workers=1)
     assert chains.compiled == 1
 

@@ -9,6 +9,7 @@ import pytest
 
 import canary
 from canary import Program, TaskError
+from tests.conftest import declared_at
 
 
 def shuffle_program(P: int = 5, Q: int = 3, iterations: int = 4) -> Program:
@@ -77,9 +78,10 @@ def test_kernel_failure_raises_task_error_with_stage_and_partition(max_fused: in
 
     with p.loop(3):
         p.compute(lambda v: v + 0.0, [x], [x], name="pass")
-        p.compute(bad, [x], [x], name="check")
-    with pytest.raises(TaskError, match=r"stage 'check' \(id 2, iteration \(0,\)\), compute task "
-                                        r"on partition 3"):
+        p.compute(bad, [x], [x], name="check")  # declared: check
+    at = re.escape(declared_at("# declared: check"))
+    with pytest.raises(TaskError, match=rf"stage 'check' \(id 2, iteration \(0,\), declared at "
+                                        rf"{at}\), compute task on partition 3"):
         canary.run_local(p, workers=2, max_fused=max_fused)
 
 
@@ -137,19 +139,22 @@ def test_pieces_a_builtin_gather_cannot_combine_fail_the_stage(n: int, odd: int)
     p = Program("sum")
     a, s = p.dataset("a", 4), p.dataset("s", 1)
     p.load([a], shapes_vary)
-    p.reduce(a, s)
+    p.reduce(a, s)  # declared: reduce_a
     p.report(s)
     said = rf"2 x \({n},\) float64, \({odd},\) float64, \({n},\) float64 \(in source-partition"
-    with pytest.raises(TaskError, match=rf"stage 'reduce_a' \(id 1\), gather task on partition 0 "
-                                        rf"failed:\na 'sum' gather adds pieces of one shape.*{said}"):
+    at = re.escape(declared_at("# declared: reduce_a"))
+    with pytest.raises(TaskError, match=rf"stage 'reduce_a' \(id 1, declared at {at}\), gather "
+                                        rf"task on partition 0 failed:\na 'sum' gather adds "
+                                        rf"pieces of one shape.*{said}"):
         canary.run_local(p, workers=2)
     q = Program("concat")
     a, b = q.dataset("a", 4), q.dataset("b", 1)
     q.load([a], lambda i, _: shapes_vary(i, _).reshape(1, -1))
-    q.scatter_gather(a, b, lambda v: [v], "concat", name="rows", one_piece=True)
+    q.scatter_gather(a, b, lambda v: [v], "concat", name="rows", one_piece=True)  # declared: rows
     q.report(b)
-    with pytest.raises(TaskError, match=r"stage 'rows' \(id 1\), gather task on partition 0 "
-                                        r"failed:\na 'concat' gather stacks pieces along their "
+    at = re.escape(declared_at("# declared: rows"))
+    with pytest.raises(TaskError, match=rf"stage 'rows' \(id 1, declared at {at}\), gather task "
+                                        r"on partition 0 failed:\na 'concat' gather stacks pieces along their "
                                         r"first axis, so their other axes must match"):
         canary.run_local(q, workers=2)
 
@@ -186,10 +191,11 @@ def test_an_integer_sum_that_overflows_or_a_bool_sum_fails_the_stage(
     p = Program("ints")
     a, s = p.dataset("a", 4), p.dataset("s", 1)
     p.load([a], lambda i, _: np.full(n, value, dtype))
-    p.reduce(a, s, name="total")
+    p.reduce(a, s, name="total")  # declared: total, overflowing ints
     p.report(s)
-    with pytest.raises(TaskError, match=r"stage 'total' \(id 1\), gather task on partition 0 "
-                                        rf"failed:\n{re.escape(says)}"):
+    at = re.escape(declared_at("# declared: total, overflowing ints"))
+    with pytest.raises(TaskError, match=rf"stage 'total' \(id 1, declared at {at}\), gather task "
+                                        rf"on partition 0 failed:\n{re.escape(says)}"):
         canary.run_local(p, workers=2)
     if dtype is not np.bool_:  # up to the edge of the range, the sum is exact
         edge = np.iinfo(dtype).max // 4
@@ -208,14 +214,16 @@ def test_a_sum_that_overflows_warns_naming_its_stage_not_canarys_code(n: int) ->
     p = Program("overflow")
     a, s = p.dataset("a", 4), p.dataset("s", 1)
     p.load([a], lambda i, _: np.full(n, 1e308))
-    p.reduce(a, s, name="total")
+    p.reduce(a, s, name="total")  # declared: total, overflowing floats
     p.report(s)
+    at = re.escape(declared_at("# declared: total, overflowing floats"))
     with pytest.warns(RuntimeWarning) as said:
         r = canary.run_local(p, workers=2)
     assert np.isinf(r.value("s")).all()
     texts = [str(w.message) for w in said]
-    assert any(re.match(r"rank \d \(worker \d\): stage 'total' \(id 1\): overflow encountered in "
-                        r"the 'sum' gather into 's'", t) for t in texts), texts
+    assert any(re.match(rf"rank \d \(worker \d\): stage 'total' \(id 1, declared at {at}\): "
+                        r"overflow encountered in the 'sum' gather into 's'", t)
+               for t in texts), texts
     assert all(w.filename == "canary" for w in said), [(w.filename, w.lineno) for w in said]
 
 
@@ -237,11 +245,12 @@ def test_a_custom_gather_that_fails_on_no_pieces_is_told_it_got_none() -> None:
     p = Program("empty_custom")
     a, o = p.dataset("a", 3), p.dataset("o", 4)
     p.load([a], lambda i, n: np.ones(2))
-    p.scatter_gather(a, o, lambda v: [v], lambda pieces: np.concatenate(pieces),
+    p.scatter_gather(a, o, lambda v: [v], lambda pieces: np.concatenate(pieces),  # declared: spread
                      targets=[[0], [1], [2]], name="spread")
     p.report(o)
-    with pytest.raises(TaskError, match=r"stage 'spread' \(id 1\), gather task on partition 3 "
-                                        r"\(no source partition lists it in its targets, so its "
+    at = re.escape(declared_at("# declared: spread"))  # a call over lines is said by its first
+    with pytest.raises(TaskError, match=rf"stage 'spread' \(id 1, declared at {at}\), gather task "
+                                        r"on partition 3 \(no source partition lists it in its targets, so its "
                                         r"gather got no pieces\) failed:"):
         canary.run_local(p, workers=2)
 
@@ -288,7 +297,7 @@ def test_a_dataset_whose_writers_never_ran_is_named_where_it_is_read() -> None:
         with p.loop(0):
             p.compute(lambda v: v + 1, [x], [z], name="make_z")
         if use:
-            p.compute(lambda v: v * 2, [z], [z], name="use_z")
+            p.compute(lambda v: v * 2, [z], [z], name="use_z")  # declared: use_z
         p.report(z)
         return p
 
@@ -298,8 +307,9 @@ def test_a_dataset_whose_writers_never_ran_is_named_where_it_is_read() -> None:
                                          r"a loop of no passes, or in a branch not taken\)"):
         result.concat("z")
     for max_fused in (1, 64):  # a lone task, or a fused stretch
-        with pytest.raises(TaskError, match=r"stage 'use_z' \(id 2\), compute task on partition "
-                                            r"\d.* failed: partition \d of 'z' has no value: no "
+        at = re.escape(declared_at("# declared: use_z"))
+        with pytest.raises(TaskError, match=rf"stage 'use_z' \(id 2, declared at {at}\), compute "
+                                            r"task on partition \d.* failed: partition \d of 'z' has no value: no "
                                             r"statement"):
             canary.run_local(program(True), workers=2, max_fused=max_fused)
 
@@ -540,8 +550,10 @@ def test_a_kernel_that_calls_sys_exit_fails_its_task_by_name(stages: int) -> Non
     with p.loop(2):
         for k in range(stages - 1):
             p.compute(lambda v: v + 1, [x], [x], name=f"step{k}")
-        p.compute(quits, [x], [x], name="quits")
+        p.compute(quits, [x], [x], name="quits")  # declared: quits
     p.report(x)
-    with pytest.raises(TaskError, match=r"stage 'quits' \(id \d+, iteration \(0,\)\), compute "
-                                        r"task on partition \d.* failed:(.|\n)*SystemExit: 0"):
+    at = re.escape(declared_at("# declared: quits"))
+    with pytest.raises(TaskError, match=rf"stage 'quits' \(id \d+, iteration \(0,\), declared at "
+                                        rf"{at}\), compute task on partition \d.* failed:(.|\n)*SystemExit: 0"):
         canary.run_local(p, workers=2)
+

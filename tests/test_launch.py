@@ -35,7 +35,7 @@ from canary.launch import (
 from canary.mpich_shm import remove_orphan_topologies
 from canary.ranks import Gone, Orphaned, RankRun, RankStart, RunRecords, read_records
 from canary.sentinel import LAUNCHER, RUN_DIR, RUN_RANKS, process_start_time, write_record
-from tests.conftest import ROOT
+from tests.conftest import ROOT, declared_at
 
 DRIVERS = Path(__file__).parent / "drivers"
 
@@ -979,9 +979,10 @@ def test_malformed_input_read_by_a_task_is_one_line(tmp_path: Path) -> None:
     bad.write_text("1 1:0.5 2:1.0\n0 1:0.25 2:oops\n1 1:1.0 2:2.0\n")
     r = canary_run(LR, "--input", str(bad), "--partitions", "1")
     assert r.returncode == 1 and r.stdout == ""
+    at = declared_at('name="load_rows")', ROOT / LR, ROOT)
     assert r.stderr.splitlines() == [
-        "canary: job aborted: rank 1 (worker 0): stage 'load_rows' (id 0), load task on "
-        "partition 0 failed:",
+        f"canary: job aborted: rank 1 (worker 0): stage 'load_rows' (id 0, declared at {at}), "
+        "load task on partition 0 failed:",
         f"{bad}:2: value 'oops' of feature 2 is not a number (expected INDEX:VALUE with "
         "numeric VALUE)"]
 
@@ -992,7 +993,11 @@ def test_a_failing_kernel_shows_its_traceback_once_and_no_mpi_banners() -> None:
     err = r.stderr
     assert err.count("Traceback") == 1, err
     assert err.count("ZeroDivisionError: kernel blew up on purpose") == 1, err
-    assert err.startswith("canary: job aborted: rank 2 (worker 1): stage 'explode'")
+    # and the driver line that declared the stage, relative to the job's working directory
+    at = declared_at('name="explode")', DRIVERS / "failing_kernel.py", ROOT)
+    assert at.startswith("tests/drivers/failing_kernel.py:"), at
+    assert err.splitlines()[0] == "canary: job aborted: rank 2 (worker 1): stage 'explode' " \
+        f"(id 1, iteration (3,), declared at {at}), compute task on partition 2 failed:", err
     assert "Abort(" not in err
 
 

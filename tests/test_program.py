@@ -270,6 +270,11 @@ def test_each_loop_branch_and_stage_knows_the_driver_line_that_declared_it() -> 
         (OP_FOR, f"{me}:{first + 2}"), (OP_STAGE, f"{me}:{first + 3}"),
         (OP_IF, f"{me}:{first + 4}"), (OP_STAGE, f"{me}:{first + 5}")]
     assert p.site(len(p.ops) - 1) == ""  # the end was declared by no line
+    # each stage knows its line too, for the messages that name it: a loop's or branch's
+    # signal stage by its `with` line
+    assert [st.site for st in p.stages] == [f"{me}:{first + k}" for k in (0, 1, 3, 4, 5)]
+    assert p.stages[1].label((2,)) == f"stage 'while_<lambda>' (id 1, iteration (2,), " \
+        f"declared at {me}:{first + 1})"
     # not part of what ranks and snapshots compare: a comment added above a loop must not make
-    # a snapshot of the job unresumable
-    assert "test_program.py" not in "".join(p.statements())
+    # a snapshot of the job unresumable (nor say its kernels changed)
+    assert "test_program.py" not in "".join(p.statements()) + "".join(p.sources())

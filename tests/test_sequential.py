@@ -6,10 +6,13 @@ running anything, so the reference cannot agree with the engine by sharing its m
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from canary import Program, ReportEvent
+from tests.conftest import declared_at
 from tests.sequential import SequentialError, run_sequential
 
 
@@ -263,9 +266,10 @@ def test_a_failing_kernel_names_stage_iteration_and_partition() -> None:
         return v
 
     with p.loop(2):
-        p.compute(boom, [x], [x])
-    with pytest.raises(SequentialError, match=r"stage 'boom' \(id 1, iteration \(0,\)\), "
-                                              r"partition 1 raised ValueError"):
+        p.compute(boom, [x], [x])  # declared: boom
+    at = re.escape(declared_at("# declared: boom"))
+    with pytest.raises(SequentialError, match=rf"stage 'boom' \(id 1, iteration \(0,\), "
+                                              rf"declared at {at}\), partition 1 raised ValueError"):
         run_sequential(p)
 
 

@@ -74,7 +74,9 @@ class Snapshots(WorkerCore):
         op = self.program.ops[self.pc]
         if op[0] in (OP_STAGE, OP_WHILE, OP_IF):  # a loop's or branch's test is its signal stage
             st = self.program.stages[op[1]]
-            where = f"before {st.label(tuple(self.counters))}"
+            # without the driver line: stored in the manifest and shown when a run resumes
+            # from it, by when the driver may have been edited above the statement
+            where = f"before {st.label(tuple(self.counters), declared=False)}"
         else:
             where = "at the end of the program" if self.ended else f"at op {self.pc}"
         return {"seq": self.seq, "pc": self.pc, "counters": list(self.counters),
