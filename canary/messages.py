@@ -501,11 +501,14 @@ class Yield(Instruction):
 
 @dataclass(slots=True, eq=False)
 class Callback(Instruction):
-    """Controller: call a report callback with ``event`` (on rank 0, outside the state)."""
+    """Controller: call a report callback with ``event`` (on rank 0, outside the state).
+    ``site`` is where the driver declared the report (``file:line``, "" if unknown), for the
+    message of a callback that raises: its traceback shows the callback, not the report."""
 
     fn: Any
     event: Any
     cause: int = 0
+    site: str = ""
 
     __eq__ = _fields_equal
 
@@ -522,8 +525,9 @@ def run_callback(ins: Callback) -> str | None:
         ev = ins.event
         tb = exc.__traceback__
         why = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
+        at = f", declared at {ins.site}" if ins.site else ""
         return (f"rank 0 (controller): report '{ev.name}' of '{ev.dataset}' (iteration "
-                f"{ev.iteration}), its callback failed:\n{why.rstrip()}")
+                f"{ev.iteration}{at}), its callback failed:\n{why.rstrip()}")
     return None
 
 

@@ -330,7 +330,7 @@ class ControllerState(ControllerSnapshots):
         rep = ReportEvent(stage.name, ds.name, ev.iteration, values,
                           max(p.tasks for p in parts.values()),
                           max(p.seconds for p in parts.values()))
-        callback = Callback(stage.callback, rep, self._cause)
+        callback = Callback(stage.callback, rep, self._cause, stage.site)
         if self.unshipped:  # an earlier report's part may still be on its way
             self.held.append((ev.seq, callback))
             return []

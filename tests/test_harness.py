@@ -277,10 +277,12 @@ def test_a_report_event_value_of_several_partitions_raises_and_fails_the_job() -
     p = Program("events")
     x = p.dataset("x", 3)
     p.load([x], lambda i, n: np.full(2, float(i)))
-    p.report(x, callback=lambda ev: ev.value)
-    # and a callback that raises fails the job as a kernel would, naming the report
-    with pytest.raises(TaskError, match=r"(?s)^rank 0 \(controller\): report 'report_x' of 'x' "
-                                        r"\(iteration \(\)\), its callback failed:\nTraceback.*"
+    p.report(x, callback=lambda ev: ev.value)  # declared: report_x
+    # and a callback that raises fails the job as a kernel would, naming the report and its line
+    at = re.escape(declared_at("# declared: report_x"))
+    with pytest.raises(TaskError, match=rf"(?s)^rank 0 \(controller\): report 'report_x' of 'x' "
+                                        rf"\(iteration \(\), declared at {at}\), its callback "
+                                        r"failed:\nTraceback.*"
                                         r"ValueError: dataset 'x' has 3 partitions: "
                                         r"ReportEvent\.value is for a one-partition dataset; "
                                         r"\.values lists them"):

@@ -954,9 +954,10 @@ def test_a_report_callback_that_raises_fails_the_job_naming_the_report(tmp_path:
         "    p.report(x, callback=explode)\ncanary.run(p)\n")
     r = canary_run(str(driver))
     assert r.returncode == 1 and r.stdout == ""
+    at = declared_at("p.report(x, callback=explode)", driver, ROOT)  # not under ROOT: absolute
     assert r.stderr.splitlines() == [
-        "canary: job aborted: rank 0 (controller): report 'report_x' of 'x' (iteration (0,)), "
-        "its callback failed:", "Traceback (most recent call last):",
+        "canary: job aborted: rank 0 (controller): report 'report_x' of 'x' (iteration (0,), "
+        f"declared at {at}), its callback failed:", "Traceback (most recent call last):",
         f'  File "{driver}", line 6, in explode', "    raise RuntimeError('callback exploded')",
         "RuntimeError: callback exploded"], r.stderr
 
