@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,8 +156,9 @@ def test_pieces_a_builtin_gather_cannot_combine_fail_the_stage(n: int, odd: int)
     q.report(b)
     at = re.escape(declared_at("# declared: rows"))
     with pytest.raises(TaskError, match=rf"stage 'rows' \(id 1, declared at {at}\), gather task "
-                                        r"on partition 0 failed:\na 'concat' gather stacks pieces along their "
-                                        r"first axis, so their other axes must match"):
+                                        r"on partition 0 failed:\na 'concat' gather stacks "
+                                        r"pieces along their first axis, so their other axes "
+                                        r"must match"):
         canary.run_local(q, workers=2)
 
 
@@ -245,13 +248,13 @@ def test_a_custom_gather_that_fails_on_no_pieces_is_told_it_got_none() -> None:
     p = Program("empty_custom")
     a, o = p.dataset("a", 3), p.dataset("o", 4)
     p.load([a], lambda i, n: np.ones(2))
-    p.scatter_gather(a, o, lambda v: [v], lambda pieces: np.concatenate(pieces),  # declared: spread
-                     targets=[[0], [1], [2]], name="spread")
+    p.scatter_gather(a, o, lambda v: [v],  # declared: spread
+                     lambda pieces: np.concatenate(pieces), targets=[[0], [1], [2]], name="spread")
     p.report(o)
-    at = re.escape(declared_at("# declared: spread"))  # a call over lines is said by its first
+    at = re.escape(declared_at("# declared: spread"))  # a call over lines: by its first line
     with pytest.raises(TaskError, match=rf"stage 'spread' \(id 1, declared at {at}\), gather task "
-                                        r"on partition 3 \(no source partition lists it in its targets, so its "
-                                        r"gather got no pieces\) failed:"):
+                                        r"on partition 3 \(no source partition lists it in its "
+                                        r"targets, so its gather got no pieces\) failed:"):
         canary.run_local(p, workers=2)
 
 
@@ -311,8 +314,8 @@ def test_a_dataset_whose_writers_never_ran_is_named_where_it_is_read() -> None:
     for max_fused in (1, 64):  # a lone task, or a fused stretch
         at = re.escape(declared_at("# declared: use_z"))
         with pytest.raises(TaskError, match=rf"stage 'use_z' \(id 2, declared at {at}\), compute "
-                                            r"task on partition \d.* failed: partition \d of 'z' has no value: no "
-                                            r"statement"):
+                                            r"task on partition \d.* failed: partition \d of 'z' "
+                                            r"has no value: no statement"):
             canary.run_local(program(True), workers=2, max_fused=max_fused)
 
 
@@ -556,6 +559,96 @@ def test_a_kernel_that_calls_sys_exit_fails_its_task_by_name(stages: int) -> Non
     p.report(x)
     at = re.escape(declared_at("# declared: quits"))
     with pytest.raises(TaskError, match=rf"stage 'quits' \(id \d+, iteration \(0,\), declared at "
-                                        rf"{at}\), compute task on partition \d.* failed:(.|\n)*SystemExit: 0"):
+                                        rf"{at}\), compute task on partition \d.* "
+                                        r"failed:(.|\n)*SystemExit: 0"):
         canary.run_local(p, workers=2)
 
+
+# Each builder declares one failing statement, on the line that ends with its marker. Unnamed,
+# a stage is named for its function ("<lambda>", "reduce_x", "while_<lambda>"), and canary's own
+# checks leave no traceback into the driver: the line is what points the user at the statement.
+def _kernel_raises(p: Program, x: canary.Dataset) -> None:
+    p.compute(lambda v: v[5], [x], [x])  # declared: a kernel that raises
+
+
+def _two_results_for_one_output(p: Program, x: canary.Dataset) -> None:
+    p.compute(lambda v: (v, v), [x], [x])  # declared: two results for one output
+
+
+def _sum_of_unlike_pieces(p: Program, x: canary.Dataset) -> None:
+    y, s = p.dataset("y", 3), p.dataset("s", 1)
+    p.compute(lambda v: np.ones(2 if v[0] == 1 else 3), [x], [y], name="ragged")
+    p.reduce(y, s)  # declared: a sum of unlike pieces
+
+
+def _custom_gather_of_text(p: Program, x: canary.Dataset) -> None:
+    s = p.dataset("s", 1)
+    p.reduce(x, s, op=lambda pieces: "text")  # declared: a gather returning text
+
+
+def _while_of_an_array(p: Program, x: canary.Dataset) -> None:
+    s = p.dataset("s", 1)
+    p.reduce(x, s)
+    with p.while_(lambda v: v < 3, on=s):  # declared: a while_ signal that is no bool
+        p.compute(lambda v: v + 1, [s], [s])
+
+
+def _if_of_a_float(p: Program, x: canary.Dataset) -> None:
+    s = p.dataset("s", 1)
+    p.reduce(x, s)
+    with p.if_(lambda v: v[0] * 0.5, on=s):  # declared: an if_ signal that is no bool
+        p.compute(lambda v: v + 1, [s], [s])
+
+
+def _load_of_text(p: Program, x: canary.Dataset) -> None:
+    z = p.dataset("z", 2)
+    p.load([z], lambda i, n: "text")  # declared: a load returning text
+
+
+def _callback_raises(p: Program, x: canary.Dataset) -> None:
+    def callback(ev: canary.ReportEvent) -> None:
+        raise KeyError("no such metric")
+
+    p.report(x, callback=callback)  # declared: a report callback that raises
+
+
+def _case(build: Callable[[Program, canary.Dataset], None], marker: str, says: str) -> Any:
+    return pytest.param(build, marker, says, id=marker.replace(" ", "_"))
+
+
+@pytest.mark.parametrize(("build", "marker", "says"), [
+    _case(_kernel_raises, "a kernel that raises",
+          r"stage '<lambda>' \(id 1, declared at {at}\), compute task on partition \d[^\n]* "
+          r"failed:\n.*IndexError"),
+    _case(_two_results_for_one_output, "two results for one output",
+          r"stage '<lambda>' \(id 1, declared at {at}\), compute task on partition \d[^\n]*: "
+          r"returned 2 value\(s\)"),
+    _case(_sum_of_unlike_pieces, "a sum of unlike pieces",
+          r"stage 'reduce_y' \(id 2, declared at {at}\), gather task on partition 0 failed:\n"
+          r"a 'sum' gather adds pieces of one shape"),
+    _case(_custom_gather_of_text, "a gather returning text",
+          r"stage 'reduce_x' \(id 1, declared at {at}\), gather task on partition 0: gather of "
+          r"'s' is an array of <U4"),
+    _case(_while_of_an_array, "a while_ signal that is no bool",
+          r"stage 'while_<lambda>' \(id 2, iteration \(0,\), declared at {at}\), signal task on "
+          r"partition 0: a signal function must return a bool, got array\("),
+    _case(_if_of_a_float, "an if_ signal that is no bool",
+          r"stage 'if_<lambda>' \(id 2, declared at {at}\), signal task on partition 0: a "
+          r"signal function must return a bool, got "),
+    _case(_load_of_text, "a load returning text",
+          r"stage '<lambda>' \(id 1, declared at {at}\), load task on partition \d: output 'z' "
+          r"is an array of <U4"),
+    _case(_callback_raises, "a report callback that raises",
+          r"^rank 0 \(controller\): report 'report_x' of 'x' \(iteration \(\), declared at "
+          r"{at}\), its callback failed:\n.*KeyError: 'no such metric'"),
+])
+def test_a_failure_names_the_driver_line_that_declared_its_statement(
+        build: Callable[[Program, canary.Dataset], None], marker: str, says: str) -> None:
+    p = Program("sites")
+    x = p.dataset("x", 3)
+    p.load([x], lambda i, n: np.full(2, float(i)))
+    build(p, x)
+    at = re.escape(declared_at(f"# declared: {marker}"))
+    with pytest.raises(TaskError) as failed:
+        canary.run_local(p, workers=2)
+    assert re.search(says.replace("{at}", at), str(failed.value), re.S), str(failed.value)

@@ -269,7 +269,8 @@ def test_a_failing_kernel_names_stage_iteration_and_partition() -> None:
         p.compute(boom, [x], [x])  # declared: boom
     at = re.escape(declared_at("# declared: boom"))
     with pytest.raises(SequentialError, match=rf"stage 'boom' \(id 1, iteration \(0,\), "
-                                              rf"declared at {at}\), partition 1 raised ValueError"):
+                                              rf"declared at {at}\), partition 1 raised "
+                                              r"ValueError"):
         run_sequential(p)
 
 
