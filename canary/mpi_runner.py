@@ -58,7 +58,10 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     ``CANARY_CHAOS_MIGRATE=SEED`` moves random partitions instead, and
     ``CANARY_SLOWDOWN=WORKER:FACTOR`` makes one worker that many times slower (experiments).
     A worker that shows no progress for ``CANARY_STALL_S`` seconds (default 10) is named on
-    stderr; workers report their load every ``CANARY_REPORT_MS`` (default 500). Every
+    stderr; workers report their load every ``CANARY_REPORT_MS`` (default 500). A worker
+    emits at most ``window`` stage instances (default 64) ahead of its work, and after each
+    load report about ``CANARY_WINDOW_MS`` (default 500; 0: always ``window``) of the
+    program's pace, never fewer than 8 (``window`` if smaller). Every
     ``CANARY_PROGRESS_S`` seconds (default 60; 0: never), the first after half that, rank 0
     says on stderr how long the job has run, where it stands (loop, line, iteration) and how
     fast it goes (:mod:`canary.controller.progress`).

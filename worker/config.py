@@ -1,7 +1,9 @@
 """Everything a worker can be tuned by, in one place: :class:`WorkerConfig`.
 
 The environment is read here and only here (:meth:`WorkerConfig.from_env`), once, when a worker
-starts. The defaults are what the benchmarks in ``docs/performance.md`` were measured with.
+starts. The defaults are what the benchmarks in ``docs/performance.md`` were measured with,
+but for ``window_s``: rows dated before 2026-11-27 ran with the window fixed at ``window``
+(what ``CANARY_WINDOW_MS=0`` gives now).
 """
 
 from __future__ import annotations
