@@ -90,6 +90,11 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if path:
             print("canary: --trace/CANARY_TRACE needs an MPI run; no trace written",
                   file=sys.stderr)
+        try:  # read, though one process uses few: a mistake in one is still said up front
+            read_settings(1, None, window, balance)
+        except ValueError as exc:
+            print(f"canary: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         # one worker: nothing to slow beside or move between (run_local(chaos=) moves in-process)
         for name in (CHAOS_ENV, SLOWDOWN_ENV):
             if os.environ.get(name, "").strip():
@@ -102,16 +107,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         why = output_problem(path) if path and rank == 0 else None
         if why is not None:
             raise ValueError(f"the trace file {path} (trace= or CANARY_TRACE): {why}")
-        config = WorkerConfig.from_env(worker=rank - 1, n_workers=size - 1, window=window)
-        startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0, above=True)
-        stall_s = env_number("CANARY_STALL_S", 10.0, above=True)
-        progress_s = env_number(PROGRESS_ENV, 60.0)  # 0: no progress lines
-        check_report_period(config.report_s, stall_s)
-        loop_only = trace_level() == "loop"
-        if balance is None:
-            balance = env_choice(BALANCE_ENV, ("on", "off"), "on") == "on"
-        policy = move_policy(os.environ, size - 1, balance)
-        checkpoint = checkpoint_config(os.environ)
+        settings = read_settings(rank, size - 1, window, balance)
     except ValueError as exc:  # the same mistake on every rank: rank 0 alone says so
         if rank == 0:
             print(f"canary: error: {exc}", file=sys.stderr, flush=True)
@@ -119,6 +115,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         # abort (see the JobAborted case below). Status 2, as for a driver's rejected input
         # (canary run --help): nothing ran.
         abort_job(given, 2, linger=1.0 if rank == 0 else 5.0)
+    config, startup_timeout, stall_s, progress_s, loop_only, policy, checkpoint = settings
     # every rank alike: an error ends each the same way
     resume_from = resume_snapshot(program, size - 1)
     comm = given
@@ -222,6 +219,28 @@ def check_report_period(report_s: float, stall_s: float) -> None:
                          "progress through its load reports, and names a worker it has not heard "
                          "of in CANARY_STALL_S as stuck; lower CANARY_REPORT_MS or raise "
                          "CANARY_STALL_S")
+
+
+def read_settings(rank: int, workers: int | None, window: int, balance: bool | None
+                  ) -> tuple[WorkerConfig, float, float, float, bool, Any,
+                             SnapshotConfig | None]:
+    """The job's settings from the ``CANARY_*`` environment variables, read once at start-up:
+    rank ``rank``'s :class:`WorkerConfig` (with ``window``), the startup timeout, the stall
+    and progress periods, whether the trace records loop tests only, the move policy (for
+    ``workers`` workers; ``balance`` None: ``CANARY_BALANCE``) and the snapshot settings.
+    ``workers`` None: not known (one process), so a worker index is not checked against it.
+    Raises ValueError naming the variable for a malformed or out-of-range value."""
+    config = WorkerConfig.from_env(worker=rank - 1, n_workers=workers, window=window)
+    startup_timeout = env_number("CANARY_STARTUP_TIMEOUT", 120.0, above=True)
+    stall_s = env_number("CANARY_STALL_S", 10.0, above=True)
+    progress_s = env_number(PROGRESS_ENV, 60.0)  # 0: no progress lines
+    check_report_period(config.report_s, stall_s)
+    loop_only = trace_level() == "loop"
+    if balance is None:
+        balance = env_choice(BALANCE_ENV, ("on", "off"), "on") == "on"
+    policy = move_policy(os.environ, workers or 1, balance)
+    return (config, startup_timeout, stall_s, progress_s, loop_only, policy,
+            checkpoint_config(os.environ))
 
 
 def move_policy(environ: Mapping[str, str], n_workers: int, balance: bool) -> Any:

@@ -588,6 +588,25 @@ def test_the_experiment_hooks_say_they_are_ignored_in_one_process() -> None:
                "ignored" in r.stderr
 
 
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("CANARY_WINDOW_MS", "x", "is not a number"),
+    ("CANARY_PROGRESS_S", "-1", "is below 0"),
+    ("CANARY_BALANCE", "maybe", "is not one of on, off"),
+    ("CANARY_SLOWDOWN", "fast", "is not WORKER:FACTOR"),
+])
+def test_a_bad_setting_is_a_clear_error_in_one_process_too(name: str, value: str,
+                                                           says: str) -> None:
+    # python driver.py runs in-process without reading them: a typo went unnoticed, exit 0
+    from tests.app_helpers import run_python
+
+    r = run_python("apps/power_iteration.py", "--partitions", "2",
+                   prelude=f"import os; os.environ[{name!r}] = {value!r}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count(f"canary: error: environment variable {name}={value!r} {says}") == 1, \
+        r.stderr
+    assert "largest eigenvalue" not in r.stdout  # nothing ran
+
+
 def test_an_unknown_chaos_seed_is_a_clear_error_at_start_up() -> None:
     from tests.conftest import mpirun
 
