@@ -596,16 +596,40 @@ def test_a_sentinel_whose_rank_ends_as_the_launcher_dies_removes_the_run_folder(
         tmp_path: Path) -> None:
     # the sentinel saw its rank's end first and noted it in the folder of a launcher that was
     # gone (a SIGKILL of canary run makes mpiexec stop every rank at once): it stayed behind
+    # Staged with the sentinel stopped, so that it sees both ends at once whatever the
+    # machine's load: the rank kills the launcher when told, and ends.
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ctl = tmp_path.parent / f"{tmp_path.name}-ctl"
+    ctl.mkdir()
+    up, go = ctl / "up", ctl / "go"
+    rank = ("import os, pathlib, time\n"
+            f"pathlib.Path({str(up)!r}).write_text(str(os.getpid()))\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+            f"os.kill({launcher.pid}, 9)\n"
+            "os._exit(0)\n")
+
+    def ended(pid: int) -> bool:  # a zombie: its parent has not collected it yet
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][1] == "Z"
+
+    me = f"{launcher.pid} {process_start_time(launcher.pid)} {os.uname().nodename}"
+    sentinel = subprocess.Popen([*sentinel_command(), sys.executable, "-c", rank],
+                                env=run_env(tmp_path, **{LAUNCHER: me}))
     try:
-        me = f"{launcher.pid} {process_start_time(launcher.pid)} {os.uname().nodename}"
-        r = subprocess.run([*sentinel_command(), sys.executable, "-c",
-                            f"import os; os.kill({launcher.pid}, 9); os._exit(0)"],
-                           env=run_env(tmp_path, **{LAUNCHER: me}), timeout=60)
-        assert r.returncode == 0 and not tmp_path.exists()
+        deadline = time.monotonic() + 60
+        while not up.exists() or not up.read_text():
+            assert time.monotonic() < deadline and sentinel.poll() is None
+            time.sleep(0.01)
+        os.kill(sentinel.pid, signal.SIGSTOP)
+        go.touch()
+        while not (ended(launcher.pid) and ended(int(up.read_text()))):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(sentinel.pid, signal.SIGCONT)
+        assert sentinel.wait(timeout=60) == 0 and not tmp_path.exists()
     finally:
-        launcher.kill()
-        launcher.wait()
+        for p in (sentinel, launcher):
+            p.kill()
+            p.wait()
 
 
 def test_a_sentinel_whose_process_manager_dies_stops_its_rank_and_keeps_none_of_its_pipes(
