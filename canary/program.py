@@ -13,10 +13,7 @@ every rank because the signal's value is broadcast.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import os
-import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,10 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from canary.errors import DeclarationError, PartitionMismatchError
+from canary.sites import caller_site
 
 if TYPE_CHECKING:
-    from types import FrameType
-
     import networkx as nx
 
 READ = 0
@@ -426,7 +422,7 @@ class Program:
             raise DeclarationError(f"loop count must be a non-negative integer, got {count!r}")
         self.ops.append((OP_PUSH,))
         head = len(self.ops)
-        self._sites[head] = _caller_site()
+        self._sites[head] = caller_site()
         self.ops.append((OP_FOR, int(count), -1))
         self._open_blocks.append("loop")
         yield
@@ -456,7 +452,7 @@ class Program:
         bound = -1 if max_iter is None else int(max_iter)
         self.ops.append((OP_PUSH,))
         head = len(self.ops)
-        self._sites[head] = _caller_site()
+        self._sites[head] = caller_site()
         self.ops.append((OP_WHILE, stage.id, bound, -1))
         self._open_blocks.append("while")
         yield
@@ -474,7 +470,7 @@ class Program:
         """
         stage = self._signal_stage(condition, on, name or f"if_{_short(condition)}")
         at = len(self.ops)
-        self._sites[at] = _caller_site()
+        self._sites[at] = caller_site()
         self.ops.append((OP_IF, stage.id, -1))
         self._open_blocks.append("if")
         yield
@@ -630,9 +626,9 @@ class Program:
         stage.accesses = tuple((d, READ) for d in stage.reads if d not in stage.writes) + tuple(
             (d, WRITE) for d in stage.writes
         )
-        # for a signal, the `with p.while_(...)`/`with p.if_(...)` line: _caller_site skips
+        # for a signal, the `with p.while_(...)`/`with p.if_(...)` line: caller_site skips
         # contextlib's __enter__, which runs while_/if_ and so this
-        stage.site = _caller_site()
+        stage.site = caller_site()
         self.stages.append(stage)
         self._written.update(d.id for d in stage.writes)
         if stage.kind != SIGNAL:
@@ -740,39 +736,6 @@ def never_run() -> list[str]:
     handed to a runner, which finalizes them: a driver that forgot ``canary.run(p)`` computed
     nothing."""
     return sorted(p.name for p in _DECLARED if p.stages and not p._finalized)
-
-
-_CANARY_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # canary/ as installed
-_CONTEXTLIB = os.path.abspath(sys.modules["contextlib"].__file__ or "contextlib")
-
-
-def _caller_site() -> str:
-    """``file:line`` of the innermost caller outside canary's package and ``contextlib`` (a
-    ``with p.while_(...)`` runs its declaration from ``contextlib``'s ``__enter__``): the line
-    of the driver that declared what is being declared. "" if there is none."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        shown = _shown_path(frame.f_code.co_filename)
-        if shown is not None:
-            return f"{shown}:{frame.f_lineno}"
-        frame = frame.f_back
-    return ""
-
-
-@functools.lru_cache(maxsize=256)
-def _shown_path(filename: str) -> str | None:
-    """How a site names source file ``filename``: relative to the working directory when under
-    it (as the driver was named on the command line, usually), else absolute; None for canary's
-    own files and ``contextlib``, which a site skips. Cached: working it out cost most of a
-    declaration (26 µs a statement), and a driver declares from a few files."""
-    path = os.path.abspath(filename)
-    if path.startswith(_CANARY_DIR) or path == _CONTEXTLIB:
-        return None
-    try:
-        under = path.startswith(os.getcwd() + os.sep)
-    except OSError:  # the working directory was removed
-        under = False
-    return os.path.relpath(path) if under else path
 
 
 def _short(fn: Any) -> str:
