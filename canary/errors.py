@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from canary.sites import call_site
+
 
 class CanaryError(Exception):
     """Base class of every error canary raises on purpose."""
@@ -40,9 +42,14 @@ class JobStopped(CanaryError):
 
 def user_error_line(name: str, exc: BaseException) -> str | None:
     """The one line, ``NAME: error: MESSAGE``, that a driver's own mistake escaping it is
-    reported as: a :class:`CanaryError` raised while declaring or reading input, whose message
-    already says where. None for anything else, a failed job (:class:`TaskError`,
-    :class:`JobAborted`) included: its traceback is kept."""
+    reported as: a :class:`CanaryError` raised while declaring or reading input. A
+    :class:`DeclarationError` that canary raised is said as ``NAME: error: FILE:LINE: MESSAGE``,
+    FILE:LINE being the driver statement that called canary (see
+    :func:`canary.sites.call_site`): its message names the stage but not the line, and no
+    traceback is shown. Other messages already say where (an input file and line). None for
+    anything else, a failed job (:class:`TaskError`, :class:`JobAborted`) included: its
+    traceback is kept."""
     if not isinstance(exc, CanaryError) or isinstance(exc, (TaskError, JobAborted)):
         return None
-    return f"{name}: error: {exc}"
+    site = call_site(exc) if isinstance(exc, DeclarationError) else ""
+    return f"{name}: error: {site}: {exc}" if site else f"{name}: error: {exc}"

@@ -30,6 +30,22 @@ def caller_site() -> str:
     return _first_site(outwards(sys._getframe(1)))
 
 
+def call_site(exc: BaseException) -> str:
+    """``file:line`` of the statement outside canary's package and ``contextlib`` whose call
+    into canary raised ``exc``: the innermost such frame of its traceback (at the line the
+    traceback records), when the frame that raised it is canary's. "" when code outside canary
+    raised it (a driver's own ``raise`` words its message for its own user, who may not have
+    written the driver), when it has no traceback, or when every frame is canary's."""
+    places: list[tuple[str, int]] = []
+    tb = exc.__traceback__
+    while tb is not None:  # outermost first
+        places.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    if not places or _shown_path(places[-1][0]) is not None:
+        return ""
+    return _first_site(reversed(places))
+
+
 def _first_site(places: Iterable[tuple[str, int]]) -> str:
     """The first of ``places`` (``(filename, line)``, innermost first) that a site names, as
     ``file:line``; "" if none."""

@@ -524,11 +524,24 @@ def test_run_main_turns_a_canary_error_into_one_line(
     (pkg / "__init__.py").write_text("")
     (pkg / "declares.py").write_text(
         "import canary\ndef main(argv):\n    raise canary.DeclarationError('a/2 vs b/3')\n")
+    (pkg / "mismatched.py").write_text(
+        "import canary\ndef main(argv):\n    p = canary.Program('m')\n"
+        "    a, b = p.dataset('a', 2), p.dataset('b', 3)\n"
+        "    p.load([a, b], lambda i, n: (i, i))  # raises: partitions\n")
     (pkg / "runs.py").write_text(
         "import canary\ndef main(argv):\n    raise canary.TaskError('stage s failed')\n")
     monkeypatch.setattr(sys, "path", list(sys.path))  # run_main puts the package root on it
+    # the driver's own raise words its message for its own user: no line of the driver's added
     assert run_main(str(pkg / "declares.py"), []) == 2
     assert capsys.readouterr().err == "declares: error: a/2 vs b/3\n"
+    # one canary raised names the driver line that called canary (here outside the working
+    # directory, so absolute), as `canary run` says it
+    assert run_main(str(pkg / "mismatched.py"), []) == 2
+    at = declared_at("# raises: partitions", pkg / "mismatched.py")
+    assert capsys.readouterr().err == (
+        f"mismatched: error: {at}: load '<lambda>': dataset 'a' has 2 partitions but 'b' has 3; "
+        "all datasets of a stage must be partitioned alike (use scatter_gather to move data "
+        "between partitionings)\n")
     # a failed job is said as canary run says it: its message holds the kernel's traceback
     assert run_main(str(pkg / "runs.py"), []) == 1
     assert capsys.readouterr().err == "canary: job aborted: stage s failed\n"
@@ -937,10 +950,12 @@ def test_an_argument_error_and_help_print_once() -> None:
 @pytest.mark.parametrize("driver", ["declaration_error", "declaration_error_top_level"])
 def test_a_declaration_error_is_one_line_without_traceback(driver: str) -> None:
     # in a main() that run_main calls, or at the top level of the script
+    # it names the driver line that declared the load, not canary's where it was found
     r = canary_run(str(DRIVERS / f"{driver}.py"))
     assert r.returncode == 2 and r.stdout == ""
+    at = declared_at("# raises: mismatched", DRIVERS / f"{driver}.py", ROOT)
     assert r.stderr.splitlines() == [
-        f"{driver}: error: load '<lambda>': dataset 'a' has 2 partitions but 'b' has 3; "
+        f"{driver}: error: {at}: load '<lambda>': dataset 'a' has 2 partitions but 'b' has 3; "
         "all datasets of a stage must be partitioned alike (use scatter_gather to move data "
         "between partitionings)"]
 

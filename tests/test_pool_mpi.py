@@ -19,7 +19,7 @@ from canary.cli import find_mpiexec, mpiexec_env
 from canary.pool import client
 from canary.pool.client import PoolError
 from canary.pool.spool import read_json
-from tests.conftest import ROOT, shm_left_behind, shm_segments
+from tests.conftest import ROOT, declared_at, shm_left_behind, shm_segments
 
 DRIVER = """
 import sys
@@ -59,7 +59,7 @@ def main(argv):
         print("done on", comm.Get_size() - 1, "workers")
         print("controller cpu", result.controller_cpu_seconds)
     if argv[2] == "twice":
-        canary.run(p, comm)
+        canary.run(p, comm)  # raises: twice
     return 0
 """
 
@@ -230,8 +230,9 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "twice", out)
     said = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in said, said
-    assert "small_driver: error: canary.run called a second time: a pool job runs one " \
-           "program" in said
+    at = declared_at("# raises: twice", driver)
+    assert f"small_driver: error: {at}: canary.run called a second time: a pool job runs " \
+           "one program" in said
     # a syntax error: where it is, not the pool's and importlib's frames
     broken = tmp_path / "broken.py"
     broken.write_text("def main(argv):\n    return (1 +\n")

@@ -7,6 +7,7 @@ import pytest
 
 from canary import DeclarationError, PartitionMismatchError, Program
 from canary.program import OP_END, OP_FOR, OP_IF, OP_JUMP, OP_NEXT, OP_PUSH, OP_STAGE, OP_WHILE
+from tests.conftest import declared_at
 
 
 def _ones(i: int, n: int) -> np.ndarray:
@@ -246,6 +247,30 @@ def test_a_while_bound_must_be_a_whole_count(bad: object) -> None:
                                                rf"got {bad!r}"):
         with p.while_(lambda v: True, on=c, max_iter=bad):  # type: ignore[arg-type]
             pass
+
+
+def test_a_declaration_error_names_the_driver_line_that_called_canary() -> None:
+    # as a stage names the line that declared it: the innermost frame outside canary, the
+    # `with` line for a loop (not contextlib's __enter__, which runs while_)
+    from canary.errors import user_error_line
+
+    p = Program("said")
+    c = p.dataset("c", 1)
+    p.load([c], _ones)
+    with pytest.raises(DeclarationError) as caught:
+        with p.while_(lambda v: True, on=c, max_iter=-1):  # raises: while
+            pass
+    assert user_error_line("drv", caught.value) == (
+        f"drv: error: {declared_at('# raises: while')}: while 'while_<lambda>': max_iter must "
+        "be an integer >= 0 (or None), got -1")
+
+    def declare_twice() -> None:  # a helper of the driver's: its line, where canary was called
+        p.dataset("c", 1)  # raises: twice
+
+    with pytest.raises(DeclarationError) as caught:
+        declare_twice()
+    assert user_error_line("drv", caught.value) == (
+        f"drv: error: {declared_at('# raises: twice')}: dataset 'c' is declared twice")
 
 
 def test_each_loop_branch_and_stage_knows_the_driver_line_that_declared_it() -> None:

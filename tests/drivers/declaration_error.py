@@ -11,7 +11,7 @@ import canary
 def main(argv: list[str] | None = None) -> int:
     p = canary.Program("declaration_error")
     a, b = p.dataset("a", 2), p.dataset("b", 3)
-    p.load([a, b], lambda i, n: (np.zeros(1), np.zeros(1)))
+    p.load([a, b], lambda i, n: (np.zeros(1), np.zeros(1)))  # raises: mismatched
     p.compute(lambda x, y: x + y, [a, b], [a], name="mismatched")
     p.report(a)
     canary.run(p)

@@ -7,7 +7,7 @@ import canary
 
 p = canary.Program("declaration_error_top_level")
 a, b = p.dataset("a", 2), p.dataset("b", 3)
-p.load([a, b], lambda i, n: (np.zeros(1), np.zeros(1)))
+p.load([a, b], lambda i, n: (np.zeros(1), np.zeros(1)))  # raises: mismatched
 p.compute(lambda x, y: x + y, [a, b], [a], name="mismatched")
 p.report(a)
 canary.run(p)
