@@ -93,12 +93,16 @@ class _Match:
 # ------------------------------------------------------------------ worker -> controller
 @dataclass(slots=True)
 class Hello(Message):
-    """First message of a worker: its program digest and statement list (to name a mismatch)."""
+    """First message of a worker: its program digest and statement list, and where its driver
+    declared each statement (``Program.statement_sites``; [] when not known), to name a
+    mismatch and its lines. The sites travel apart from the statements, which the digest
+    covers: a line is not part of the program."""
 
     eid: int
     worker: int
     digest: str
     statements: list[str]
+    sites: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -49,6 +49,9 @@ class Dataset:
     name: str
     partitions: int
     id: int
+    # the driver line that declared it, for a mismatch between ranks to name; not compared,
+    # as it is not part of the statements (a comment added above it changes it)
+    site: str = field(default="", compare=False, repr=False)
 
     def __repr__(self) -> str:
         return f"Dataset({self.name!r}, partitions={self.partitions})"
@@ -238,7 +241,7 @@ class Program:
             raise DeclarationError(
                 f"dataset '{name}': partitions must be a positive integer, got {partitions!r}"
             )
-        ds = Dataset(name, int(partitions), len(self.datasets))
+        ds = Dataset(name, int(partitions), len(self.datasets), caller_site())
         self.datasets.append(ds)
         self._names.add(name)
         return ds
@@ -582,6 +585,16 @@ class Program:
                 s.describe() for s in self.stages
             ] + [repr(op) for op in self.ops]
         return list(self._statements)
+
+    def statement_sites(self) -> list[str]:
+        """Where the driver declared each of :meth:`statements`, in the same order: ``file:line``
+        (as :meth:`site` says it), or "" where no line did (loop control, the end). Not part of
+        the statements or the digest, which ranks and snapshots compare: a comment added above
+        a statement moves its line. A worker sends them with its statements, so that a
+        mismatch names the driver line on each side."""
+        self.finalize()
+        return [d.site for d in self.datasets] + [s.site for s in self.stages] + [
+            self.site(pc) for pc in range(len(self.ops))]
 
     def sources(self) -> dict[str, str]:
         """For each stage that runs a function of the driver's (a kernel, loader, signal or

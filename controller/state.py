@@ -298,8 +298,7 @@ class ControllerState(ControllerSnapshots):
     # ------------------------------------------------------------------------
     def _on_hello(self, ev: Hello) -> list[Any]:
         if ev.digest != self.digest:
-            return self._fail(_mismatch(self.program.statements(), ev.statements, ev.worker),
-                              ProgramMismatchError)
+            return self._fail(_mismatch(self.program, ev), ProgramMismatchError)
         self.hello[ev.worker] = ev
         if len(self.hello) < self.n_workers:
             return []
@@ -355,17 +354,29 @@ class ControllerState(ControllerSnapshots):
         return Send(dest, msg, self._cause)
 
 
-def _mismatch(mine: list[str], theirs: list[str], worker: int) -> str:
+def _mismatch(program: Program, hello: Hello) -> str:
+    """Why worker ``hello.worker``'s program is not ``program`` (rank 0's): the first statement
+    that differs, with the driver line that declared it on each side where known."""
+    mine, theirs = program.statements(), hello.statements
+    rank = worker_rank(hello.worker)
     for k, (a, b) in enumerate(zip(mine, theirs)):
         if a != b:
+            here = _at(program.statement_sites(), k)
+            there = _at(hello.sites, k)
             return (
-                f"rank {worker_rank(worker)} declared a different program than rank 0 "
-                f"(statement {k}: rank 0 has '{a}', rank {worker_rank(worker)} has '{b}'). "
+                f"rank {rank} declared a different program than rank 0 "
+                f"(statement {k}: rank 0 has '{a}'{here}; rank {rank} has '{b}'{there}). "
                 "The driver must declare the same statements on every rank: do not branch on "
                 "the rank, time or unseeded randomness while declaring"
             )
     return (
-        f"rank {worker_rank(worker)} declared a different program than rank 0 "
+        f"rank {rank} declared a different program than rank 0 "
         f"({len(theirs)} statements vs {len(mine)}). The driver must declare the same "
         "statements on every rank"
     )
+
+
+def _at(sites: list[str], k: int) -> str:
+    """", declared at FILE:LINE" for statement ``k`` of ``sites``; "" where not known."""
+    site = sites[k] if k < len(sites) else ""
+    return f", declared at {site}" if site else ""

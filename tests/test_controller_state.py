@@ -26,6 +26,7 @@ from canary.messages import (
     Tick,
 )
 from canary.program import Program, ReportEvent
+from tests.conftest import declared_at
 
 
 def program(parts: int = 4, callback: object = None) -> Program:
@@ -38,7 +39,7 @@ def program(parts: int = 4, callback: object = None) -> Program:
 
 
 def hello(p: Program, w: int) -> Hello:
-    return Hello(w, w, p.digest, p.statements())
+    return Hello(w, w, p.digest, p.statements(), p.statement_sites())
 
 
 def test_placement_only_after_every_worker_said_hello() -> None:
@@ -63,6 +64,34 @@ def test_program_mismatch_aborts_naming_rank_and_statement() -> None:
     assert "rank 2 declared a different program" in fail.reason
     assert "dataset x/4" in fail.reason and "dataset x/5" in fail.reason
     assert c.handle(Done(3, 0, 1)) == []  # nothing after a failure
+
+
+def test_program_mismatch_names_the_driver_line_of_the_statement_on_each_side() -> None:
+    # it named the statement only: a driver branching on the rank declares it on another line
+    def declared(rank: int) -> Program:
+        p = Program("c")
+        x = p.dataset("x", 2)
+        p.load([x], lambda i, n: np.ones(1))
+        if rank == 0:
+            p.report(x, name="shown")  # declared: rank 0's
+        else:
+            p.compute(lambda v: v, [x], [x], name="step")  # declared: the worker's
+        return p.finalize()
+
+    mine, theirs = declared(0), declared(1)
+    rank0, worker = declared_at("# declared: rank 0's"), declared_at("# declared: the worker's")
+    must = ("The driver must declare the same statements on every rank: do not branch on the "
+            "rank, time or unseeded randomness while declaring")
+    (a, b) = mine.statements()[2], theirs.statements()[2]
+    c = ControllerState(mine, 2)
+    assert c.handle(hello(theirs, 1))[-1].reason == (
+        f"rank 2 declared a different program than rank 0 (statement 2: rank 0 has '{a}', "
+        f"declared at {rank0}; rank 2 has '{b}', declared at {worker}). {must}")
+    # a Hello without sites (not known there) names rank 0's line alone
+    c = ControllerState(mine, 2)
+    assert c.handle(Hello(1, 1, theirs.digest, theirs.statements()))[-1].reason == (
+        f"rank 2 declared a different program than rank 0 (statement 2: rank 0 has '{a}', "
+        f"declared at {rank0}; rank 2 has '{b}'). {must}")
 
 
 def test_report_callback_gets_all_partitions_in_order_and_result_is_kept() -> None:

@@ -960,6 +960,35 @@ def test_a_declaration_error_is_one_line_without_traceback(driver: str) -> None:
         "between partitionings)"]
 
 
+def test_ranks_that_declare_different_programs_are_told_the_driver_line_on_each_side() -> None:
+    # the message named the first statement that differs, not where the driver declared it
+    must = ("The driver must declare the same statements on every rank: do not branch on the "
+            "rank, time or unseeded randomness while declaring")
+
+    def said(driver: str) -> str:
+        r = canary_run(str(DRIVERS / f"{driver}.py"), timeout=60)
+        lines = [line for line in r.stderr.splitlines() if "declared a different" in line]
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        return lines[0]
+
+    # a partition count that depends on the rank: one line on both sides (rank 2's count is 2,
+    # as rank 0's)
+    at = declared_at("# declared: a", DRIVERS / "nondeterministic.py", ROOT)
+    assert said("nondeterministic") == (
+        "canary: job aborted: rank 1 declared a different program than rank 0 (statement 0: "
+        f"rank 0 has 'dataset a/2', declared at {at}; rank 1 has 'dataset a/3', declared at "
+        f"{at}). {must}")
+    # a statement on rank 0 only: each side's line, the worker's as its own driver said it
+    # (either worker's Hello may come first)
+    mine = declared_at("# declared: on rank 0 only", DRIVERS / "diverging.py", ROOT)
+    theirs = declared_at("# declared: on every rank", DRIVERS / "diverging.py", ROOT)
+    assert re.fullmatch(
+        r"canary: job aborted: rank ([12]) declared a different program than rank 0 "
+        rf"\(statement 2: rank 0 has 'report [^']*', declared at {re.escape(mine)}; "
+        rf"rank \1 has 'compute step [^']*', declared at {re.escape(theirs)}\)\. "
+        + re.escape(must), said("diverging"))
+
+
 @pytest.mark.parametrize("fewer,ranks", [("workers", 2), ("rank0", 3)])
 def test_ranks_that_run_fewer_programs_end_the_job_at_once_saying_so(fewer: str,
                                                                      ranks: int) -> None:

@@ -300,6 +300,12 @@ def test_each_loop_branch_and_stage_knows_the_driver_line_that_declared_it() -> 
     assert [st.site for st in p.stages] == [f"{me}:{first + k}" for k in (0, 1, 3, 4, 5)]
     assert p.stages[1].label((2,)) == f"stage 'while_<lambda>' (id 1, iteration (2,), " \
         f"declared at {me}:{first + 1})"
+    # each of the statements ranks compare, for a mismatch to name its line on each side: the
+    # dataset, the stages, then the ops
+    sites = p.statement_sites()
+    assert len(sites) == len(p.statements())
+    assert sites == [f"{me}:{first - 1}"] + [st.site for st in p.stages] + [
+        p.site(pc) for pc in range(len(p.ops))]
     # not part of what ranks and snapshots compare: a comment added above a loop must not make
     # a snapshot of the job unresumable (nor say its kernels changed)
     assert "test_program.py" not in "".join(p.statements()) + "".join(p.sources())

@@ -86,7 +86,8 @@ def placed(p: Program, worker: int, n_workers: int = 2, **config: Any) -> tuple[
     """A started WorkerState (``config``: WorkerConfig fields) after the initial placement, and
     what that placement caused."""
     st = WorkerState(p, worker, n_workers, **config)
-    assert st.start() == [Send(0, Hello(st.rank << 40 | 1, worker, p.digest, p.statements()))]
+    assert st.start() == [Send(0, Hello(st.rank << 40 | 1, worker, p.digest, p.statements(),
+                                        p.statement_sites()))]
     m = PartitionMap.initial([g[0].partitions for g in p.groups], n_workers)
     return st, st.handle(Placement(1, m))
 

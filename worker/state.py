@@ -156,8 +156,9 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
     # ---------------------------------------------------------------- public API
     def start(self) -> list[Any]:
         """Announce this worker and its program digest to the controller."""
-        return [self._send(CONTROLLER, Hello(self._next_eid(), self.worker, self.program.digest,
-                                             self.program.statements()))]
+        p = self.program
+        return [self._send(CONTROLLER, Hello(self._next_eid(), self.worker, p.digest,
+                                             p.statements(), p.statement_sites()))]
 
     def handle(self, event: Any) -> list[Any]:
         """Apply one event; return the instructions it causes (see the class docstring)."""
