@@ -240,7 +240,7 @@ def run_local(
                 push(now, -rank, Resume(local_event_id(rank, counter + 1)))
 
     for w, st in enumerate(states):
-        apply_worker(w, st.start())
+        apply_worker(w, st.start(reports=reports is not None))
     # The clock that makes snapshots due (virtual time): one tick a unit, each pushing the next
     # while other events remain (chaos ticks, too, reach the controller, but start no clock).
     # The workers' report ticks (``reports``) go on likewise; ``periodic`` counts those clocks

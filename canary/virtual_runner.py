@@ -518,7 +518,7 @@ def run_virtual(program: Program, workers: int, network: Network,
 
     for w, st in enumerate(states):
         rank = worker_rank(w)
-        carry_worker(rank, st.start())
+        carry_worker(rank, st.start(reports=load_reports))
         work(rank)
     if policy is not None:
         push(tick_s, _TICK, CONTROLLER, None)

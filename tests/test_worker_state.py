@@ -368,6 +368,22 @@ def test_the_window_follows_the_pace_shrinks_by_halves_and_grows_at_once() -> No
     assert st.window == 64
 
 
+def test_a_worker_that_will_get_reports_starts_at_the_floor_and_the_first_report_sizes_it(
+        ) -> None:
+    # started at its most, a worker that only waits for others emitted 64 instances at once
+    st = WorkerState(chain_program(500).finalize(), 0, 1, window=64, window_min=8, max_fused=0)
+    st.start(reports=True)
+    st.handle(Placement(1, PartitionMap.initial([1], 1)))
+    assert len(st.live) == 8 and st.window == 8
+    st.handle(Tick(next(EIDS), 0.001))  # 8 instances in 1 ms: the pace of a fast loop
+    assert st.window == 64 and len(st.live) == 64
+    fixed = WorkerState(chain_program(500).finalize(), 0, 1, window=64, window_s=0.0,
+                        max_fused=0)
+    fixed.start(reports=True)  # window_s 0: the reports size nothing
+    fixed.handle(Placement(1, PartitionMap.initial([1], 1)))
+    assert len(fixed.live) == 64
+
+
 def test_a_window_s_of_0_keeps_the_window_fixed() -> None:
     p = chain_program(500)
     st = WorkerState(p.finalize(), 0, 1, window=64, window_s=0.0, max_fused=0)

@@ -164,7 +164,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
 
     task: Task | None = None  # handed out by the state, not yet run
     resume = False  # the state yielded: feed it Resume once the sends before it are out
-    for ins in state.start():
+    for ins in state.start(reports=True):  # a load report every config.report_s
         send(ins.dest, ins.message)
     # MPI is polled between batches of tasks, not after every task (an Iprobe costs about as
     # much as scheduling a task): the batch adapts so that it lasts about poll_interval_s,

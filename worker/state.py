@@ -154,8 +154,18 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         self._init_snapshots(restore)
 
     # ---------------------------------------------------------------- public API
-    def start(self) -> list[Any]:
-        """Announce this worker and its program digest to the controller."""
+    def start(self, reports: bool = False) -> list[Any]:
+        """Announce this worker and its program digest to the controller.
+
+        ``reports``: the runtime will feed a :class:`Tick` every ``config.report_s``, whose load
+        reports size the run-ahead window (:meth:`Interpreter._fit_window`). The window then
+        starts at its floor, since nothing is known of the pace yet: started at its most, a
+        worker that only waits for others emitted 64 instances at once, and in a loop of slow
+        instances the first snapshot waited for all of them. Without reports (``window_s`` 0,
+        or a runner that sends none) it stays at its most."""
+        cfg = self.config
+        if reports and cfg.window_s > 0:
+            self.window = min(cfg.window_min, cfg.window)
         p = self.program
         return [self._send(CONTROLLER, Hello(self._next_eid(), self.worker, p.digest,
                                              p.statements(), p.statement_sites()))]
