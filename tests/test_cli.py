@@ -117,7 +117,7 @@ def test_a_never_ending_while_shows_its_line_and_a_growing_iteration_count() -> 
     line = next(k for k, text in enumerate(driver.read_text().splitlines(), 1)
                 if "with p.while_(" in text)
     env = dict(os.environ, CANARY_PROGRESS_S="1", CANARY_SPIN_US="0", MPIEXEC_TIMEOUT="60")
-    r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout", "15",
+    r = subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout", "9",
                         "tests/drivers/forever.py"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 124, r.stderr[-3000:]
