@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import os
+import signal
 import sys
 import time
 import traceback
@@ -171,6 +172,15 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         if rank != 0 and not joined:
             raise SystemExit(1) from None
         abort_job(comm, 1, linger=1.0 if rank == 0 else 5.0)
+    except KeyboardInterrupt:
+        # Ctrl-C to a plain mpiexec reaches every rank (canary run stops its job with SIGTERM
+        # instead): one line each, not a traceback of canary's idle loop each. 130: SIGINT's.
+        # Under canary run a rank gets it twice (its sentinel passes on what its process group
+        # got as well): the second must not break off the abort.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"canary: rank {rank} interrupted (SIGINT); the job stops", file=sys.stderr,
+              flush=True)
+        abort_job(comm, 130, linger=0.2)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
         print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)

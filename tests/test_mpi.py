@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +14,7 @@ import pytest
 from sklearn.datasets import load_breast_cancer
 from sklearn.linear_model import LogisticRegression
 
-from tests.conftest import mpirun
+from tests.conftest import MPI_TIMEOUT, ROOT, mpirun
 
 DRIVERS = Path(__file__).parent / "drivers"
 LR = "apps/logistic_regression.py"
@@ -331,3 +334,42 @@ def test_every_rank_freezes_its_start_up_objects_once_out_of_the_collectors_reac
     for row in rows:
         before, first, second = row["frozen"]
         assert before == 0 and first > 10_000 and second == first, row
+
+
+def test_ctrl_c_to_a_plain_mpiexec_stops_every_rank_with_one_line_each() -> None:
+    # hydra passes Ctrl-C on to every rank: each printed a traceback of canary's idle loop
+    # (51 lines for 3 ranks) and the job ended with status 1
+    import signal
+    import threading
+
+    from canary.cli import find_mpiexec, mpiexec_env
+
+    env = mpiexec_env(MPI_TIMEOUT, str(ROOT))
+    env["CANARY_PROGRESS_S"] = "1"  # a line once the job runs: the moment to interrupt it
+    proc = subprocess.Popen([find_mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py",
+                             "tests/drivers/forever.py"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    running = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "while_ 'never_converges'" in line:
+                running.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert running.wait(MPI_TIMEOUT), "".join(lines)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, "".join(lines)
+    finally:
+        proc.kill()
+        proc.wait()
+    reader.join(timeout=10)
+    err = "".join(lines)
+    assert "Traceback" not in err, err
+    assert sorted(re.findall(r"canary: rank (\d) interrupted \(SIGINT\); the job stops", err)) \
+        == ["0", "1", "2"], err
