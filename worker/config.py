@@ -104,16 +104,23 @@ class WorkerConfig:
     #: (``CANARY_SLOWDOWN=WORKER:FACTOR``).
     slowdown: float = 1.0
 
+    @property
+    def window_floor(self) -> int:
+        """The fewest stage instances the run-ahead window holds: ``window_min``, or
+        ``window`` if smaller."""
+        return min(self.window_min, self.window)
+
     def __post_init__(self) -> None:
-        for name, low in (("window", 1), ("window_min", 1), ("max_fused", 0), ("fuse_min_instances", 1),
-                          ("max_fused_cap", 2), ("urgent_max_bytes", 0), ("story_size", 0),
-                          ("max_batch", 1), ("compile_after", 0), ("recycle_bytes", 0)):
+        for name, low in (("window", 1), ("window_min", 1), ("max_fused", 0),
+                          ("fuse_min_instances", 1), ("max_fused_cap", 2),
+                          ("urgent_max_bytes", 0), ("story_size", 0), ("max_batch", 1),
+                          ("compile_after", 0), ("recycle_bytes", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"WorkerConfig.{name} must be an integer >= {low}, "
                                  f"got {value!r}")
-        for name in ("window_s", "fuse_target_s", "fuse_max_s", "lone_task_s", "spin_s", "max_sleep_s",
-                     "poll_interval_s", "report_s"):
+        for name in ("window_s", "fuse_target_s", "fuse_max_s", "lone_task_s", "spin_s",
+                     "max_sleep_s", "poll_interval_s", "report_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"WorkerConfig.{name} must be a number >= 0, got {value!r}")

@@ -131,7 +131,7 @@ class Interpreter(WorkerCore):
         emitted, self._seq_at_tick = self.seq - self._seq_at_tick, self.seq
         if cfg.window_s <= 0 or interval <= 0:
             return
-        target = max(min(cfg.window_min, cfg.window),
+        target = max(cfg.window_floor,
                      min(cfg.window, math.ceil(emitted / interval * cfg.window_s)))
         self.window = target if target >= self.window else max(target, self.window // 2)
 

@@ -163,9 +163,8 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         worker that only waits for others emitted 64 instances at once, and in a loop of slow
         instances the first snapshot waited for all of them. Without reports (``window_s`` 0,
         or a runner that sends none) it stays at its most."""
-        cfg = self.config
-        if reports and cfg.window_s > 0:
-            self.window = min(cfg.window_min, cfg.window)
+        if reports and self.config.window_s > 0:
+            self.window = self.config.window_floor
         p = self.program
         return [self._send(CONTROLLER, Hello(self._next_eid(), self.worker, p.digest,
                                              p.statements(), p.statement_sites()))]
@@ -283,8 +282,8 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         assert all(isinstance(mv, (MoveIn, MoveOut)) for mv in self._moving.values())
         # snapshots: nothing is emitted at or past a barrier or before a resumed job's values
         assert self.seq <= self._stop_at, "emitted past a snapshot's barrier"
-        cfg = self.config
-        assert min(cfg.window_min, cfg.window) <= self.window <= cfg.window, "window out of range"
+        assert self.config.window_floor <= self.window <= self.config.window, \
+            "window out of range"
         assert not (self._restoring and self.tasks), "ran a task before the snapshot was read"
         assert self._snap_seq is None or self._snap is not None
 
