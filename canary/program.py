@@ -455,7 +455,7 @@ class Program:
         bound = -1 if max_iter is None else int(max_iter)
         self.ops.append((OP_PUSH,))
         head = len(self.ops)
-        self._sites[head] = caller_site()
+        self._sites[head] = stage.site  # the `with` line, as for the loop's test
         self.ops.append((OP_WHILE, stage.id, bound, -1))
         self._open_blocks.append("while")
         yield
@@ -473,7 +473,7 @@ class Program:
         """
         stage = self._signal_stage(condition, on, name or f"if_{_short(condition)}")
         at = len(self.ops)
-        self._sites[at] = caller_site()
+        self._sites[at] = stage.site  # the `with` line, as for the branch's test
         self.ops.append((OP_IF, stage.id, -1))
         self._open_blocks.append("if")
         yield
