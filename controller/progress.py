@@ -16,9 +16,9 @@ so workers in step show a little apart in a fast loop; when the furthest is ahea
 a worker goes on by between two reports and at another iteration, it is named after the
 slowest (``(worker 1; worker 0 at 1,250)``). A position is where the worker's interpreter
 stands: it emits up to its run-ahead window of stage instances (8 to 64: about half a
-second's worth, or 8 slow ones) ahead of the tasks that have finished, so the iteration said can be a little
-ahead of the last one completed. Iterations count from 0, as in error
-messages and ``ReportEvent.iteration``. The tasks are those the workers reported finished,
+second's worth, or 8 slow ones) ahead of the tasks that have finished, so the iteration said
+can be a little ahead of the last one completed. Iterations count from 0, as in error messages
+and ``ReportEvent.iteration``. The tasks are those the workers reported finished,
 the rate is over the time since the previous line, and "busy" is the share of the workers'
 time since then not spent waiting with nothing to run.
 """
