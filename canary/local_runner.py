@@ -184,7 +184,8 @@ def run_local(
         config = WorkerConfig(window=window, max_fused=max_fused)
     snap = read_manifest(resume) if isinstance(resume, str) else resume
     if snap is not None:
-        check_resumable(snap, program.digest, program.statements(), workers, program.sources())
+        check_resumable(snap, program.digest, program.statements(), workers, program.sources(),
+                        program.statement_sites())
     ctrl = ControllerState(program, workers,
                            None if chaos is None else ChaosPolicy(chaos, every=0.0, moves=2),
                            stall_s=float("inf"),  # virtual time: nothing stalls for real

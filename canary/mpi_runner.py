@@ -213,7 +213,8 @@ def resume_snapshot(program: Program, workers: int) -> Manifest | None:
     if not folder:
         return None
     snap = read_manifest(folder)
-    check_resumable(snap, program.digest, program.statements(), workers, program.sources())
+    check_resumable(snap, program.digest, program.statements(), workers, program.sources(),
+                    program.statement_sites())
     return snap
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import FrameType
 
 _CANARY_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # canary/ as installed
@@ -28,6 +28,14 @@ def caller_site() -> str:
             frame = frame.f_back
 
     return _first_site(outwards(sys._getframe(1)))
+
+
+def declared_at(sites: Sequence[str], k: int) -> str:
+    """``", declared at FILE:LINE"`` for statement ``k`` of ``sites`` (a program's
+    :meth:`~canary.Program.statement_sites`), to follow the statement's number in a message;
+    "" where its line is not known (``k`` beyond ``sites`` included)."""
+    site = sites[k] if 0 <= k < len(sites) else ""
+    return f", declared at {site}" if site else ""
 
 
 def call_site(exc: BaseException) -> str:

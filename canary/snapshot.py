@@ -32,6 +32,7 @@ import numpy as np
 import xxhash
 
 from canary.errors import CanaryError
+from canary.sites import declared_at
 
 FORMAT = 1
 CHECKSUM = "xxh3_64"  # how the manifest's and the files' checksums are computed
@@ -413,12 +414,17 @@ def describe(snap: Manifest) -> dict[str, Any]:
 
 
 def check_resumable(snap: Manifest, digest: str, statements: list[str],
-                    workers: int | None = None, sources: dict[str, str] | None = None) -> None:
+                    workers: int | None = None, sources: dict[str, str] | None = None,
+                    sites: Sequence[str] = ()) -> None:
     """Raise SnapshotMismatchError naming the first difference if the declared program (its
     digest and statements, and its functions' ``sources`` where given: see
     :meth:`canary.Program.sources`) is not the one ``snap`` was taken of. Given the
     ``workers`` of the run that resumes, a dataset's partition count that changed with the
-    number of workers is said to be that, with what to call instead."""
+    number of workers is said to be that, with what to call instead. Given ``sites`` (the
+    declared program's :meth:`canary.Program.statement_sites`), the first statement that
+    differs is named with the driver line that declares it now, and when one program is the
+    other's beginning, the first statement the declared program has beyond it (the snapshot
+    records no lines: a line is not part of the program)."""
     if snap.data["digest"] == digest:
         theirs_src = snap.data.get("sources")
         if sources is None or theirs_src is None:  # a snapshot taken before sources were kept
@@ -442,12 +448,17 @@ def check_resumable(snap: Manifest, digest: str, statements: list[str],
                        f"{workers}; a partition count computed from the number of ranks changes "
                        "with it. Compute it from canary.driver.planned_workers(comm), which is "
                        "the snapshot's number of workers when resuming")
+            at = declared_at(sites, k)
             raise SnapshotMismatchError(
-                f"snapshot {snap.id} in {snap.path} is of another program: statement {k} was "
-                f"'{a}' and is now '{b}'{why}")
+                f"snapshot {snap.id} in {snap.path} is of another program: statement "
+                f"{k}{at}{',' if at else ''} was '{a}' and is now '{b}'{why}")
+    # one program is the other's beginning: the declared one's first statement past the
+    # snapshot's, where it has one (the snapshot's own have no line to name)
+    at = declared_at(sites, len(theirs))
+    new = f"; statement {len(theirs)}{at}, is new" if at else ""
     raise SnapshotMismatchError(
         f"snapshot {snap.id} in {snap.path} is of another program ({len(theirs)} statements, "
-        f"now {len(statements)}); resume with the script and arguments it was taken with")
+        f"now {len(statements)}{new}); resume with the script and arguments it was taken with")
 
 
 def check_same_job(snap: Manifest, script: str, args: Sequence[str]) -> None:

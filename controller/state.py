@@ -43,6 +43,7 @@ from canary.messages import (
 )
 from canary.partition_map import PartitionMap
 from canary.program import Program, ReportEvent
+from canary.sites import declared_at
 from canary.snapshot import SnapshotConfig
 
 
@@ -361,8 +362,8 @@ def _mismatch(program: Program, hello: Hello) -> str:
     rank = worker_rank(hello.worker)
     for k, (a, b) in enumerate(zip(mine, theirs)):
         if a != b:
-            here = _at(program.statement_sites(), k)
-            there = _at(hello.sites, k)
+            here = declared_at(program.statement_sites(), k)
+            there = declared_at(hello.sites, k)
             return (
                 f"rank {rank} declared a different program than rank 0 "
                 f"(statement {k}: rank 0 has '{a}'{here}; rank {rank} has '{b}'{there}). "
@@ -374,9 +375,3 @@ def _mismatch(program: Program, hello: Hello) -> str:
         f"({len(theirs)} statements vs {len(mine)}). The driver must declare the same "
         "statements on every rank"
     )
-
-
-def _at(sites: list[str], k: int) -> str:
-    """", declared at FILE:LINE" for statement ``k`` of ``sites``; "" where not known."""
-    site = sites[k] if k < len(sites) else ""
-    return f", declared at {site}" if site else ""

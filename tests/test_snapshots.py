@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ from canary.snapshot import (
     read_arrays,
     write_arrays,
 )
+from tests.conftest import declared_at
 from tests.seeds import over_seeds
 from tests.sequential import run_sequential
 from tests.test_random_programs import outcome, random_program
@@ -318,27 +320,39 @@ def test_resuming_another_program_or_other_arguments_is_a_clear_error(
     snap = choose(str(folder))[0]
     args = lr.parse_args(["--generate", "300,4", "--max-iter", "13", "--tol", "1e-300",
                           "--partitions", "5", "--print-every", "0"])
+    # the statement named with the driver line that declares it now (the loop's `with`)
+    loop = re.escape(declared_at("max_iter=args.max_iter):", lr.__file__))
     with pytest.raises(SnapshotMismatchError,
-                       match=r"statement \d+ was '\('while', 5, 12, 13\)' and is now '\('while', 5, 13"):
+                       match=rf"statement \d+, declared at {loop}, was '\('while', 5, 12, 13\)' "
+                             r"and is now '\('while', 5, 13"):
         canary.run_local(lr.build(args, 2)[0], workers=2, resume=snap)
     # a partition count computed from the job's ranks: the error says what to compute it from
     from canary.snapshot import check_resumable
 
     def per_worker(workers: int) -> canary.Program:
         p = canary.Program("per_worker")
-        p.load([p.dataset("a", 2 * workers)], lambda i, n: np.zeros(1))
+        p.load([p.dataset("a", 2 * workers)], lambda i, n: np.zeros(1))  # declared: per_worker
         return p
 
     taken = per_worker(snap.workers)
     snap.data["digest"], snap.data["statements"] = taken.digest, taken.statements()
     now = per_worker(snap.workers + 1)
-    with pytest.raises(SnapshotMismatchError, match=rf"statement 0 was 'dataset a/{2 * snap.workers}"
-                       rf"' and is now 'dataset a/{2 * snap.workers + 2}': the snapshot was taken "
-                       rf"on {snap.workers} workers and this run has {snap.workers + 1}; .*"
+    line = re.escape(declared_at("# declared: per_worker"))
+    with pytest.raises(SnapshotMismatchError, match=rf"statement 0, declared at {line}, was "
+                       rf"'dataset a/{2 * snap.workers}' and is now 'dataset a/"
+                       rf"{2 * snap.workers + 2}': the snapshot was taken on {snap.workers} "
+                       rf"workers and this run has {snap.workers + 1}; .*"
                        r"canary\.driver\.planned_workers\(comm\)"):
-        check_resumable(snap, now.digest, now.statements(), snap.workers + 1)
+        check_resumable(snap, now.digest, now.statements(), snap.workers + 1,
+                        sites=now.statement_sites())
     with pytest.raises(SnapshotMismatchError, match="resume with the script and arguments"):
         check_resumable(snap, now.digest, now.statements(), snap.workers)
+    # a snapshot whose list is the start of the program's (every program ends with its `end`
+    # op, so only a list cut short is): the first statement past it, with its line
+    snap.data["statements"] = now.statements()[:1]
+    with pytest.raises(SnapshotMismatchError, match=rf"\(1 statements, now 4; statement 1, "
+                       rf"declared at {line}, is new\); resume with the script"):
+        check_resumable(snap, now.digest, now.statements(), sites=now.statement_sites())
     snap.data["script"], snap.data["args"] = "apps/logistic_regression.py", ["--reg", "1"]
     check_same_job(snap, "apps/logistic_regression.py", ["--reg", "1"])
     with pytest.raises(SnapshotMismatchError, match="argument 2 was '1' and is now '2'"):
