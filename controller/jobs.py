@@ -97,11 +97,12 @@ class JobsController:
     (``random``, ``per-task``, ``batch``, ``batch-late``) and probe ratio ``d``.
 
     Events: :class:`Submit`, :class:`ProbeReply`, :class:`Request`, :class:`Declared`,
-    ``Envelope(job, message)`` from a job worker, :class:`DriverEnded`, :class:`Cancel`,
-    :class:`StopPool` (local: tell every worker to leave). Instructions: ``Send(pool rank,
-    message)``, :class:`StartDriver` (rank 0's driver), :class:`JobCallback`, :class:`JobNote`,
-    :class:`Release` (rank 0's driver returns the job's controller state on success, raises on
-    failure; exactly once per started job).
+    ``Envelope(job, message)`` from a job worker (or rank 0's ``Failed`` for a report
+    callback of the job that raised, as a lone job's runner feeds it), :class:`DriverEnded`,
+    :class:`Cancel`, :class:`StopPool` (local: tell every worker to leave). Instructions:
+    ``Send(pool rank, message)``, :class:`StartDriver` (rank 0's driver), :class:`JobCallback`,
+    :class:`JobNote`, :class:`Release` (rank 0's driver returns the job's controller state on
+    success, raises on failure; exactly once per started job).
 
     ``jobs`` keeps a :class:`JobInfo` per job until :meth:`forget`. Raises ValueError for an
     unknown placement policy or a job id submitted twice.
@@ -273,7 +274,7 @@ class JobsController:
             if kind is Send:
                 out.append(Send(j.ranks[ins.dest - 1], Envelope(job, ins.message), ins.cause))
             elif kind is Callback:
-                out.append(JobCallback(job, ins.fn, ins.event, ins.cause))
+                out.append(JobCallback(job, ins, ins.cause))
             elif kind is Progress:
                 out.append(JobNote(job, ins.line, ins.cause))
             elif kind is Finish:

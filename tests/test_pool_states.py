@@ -36,6 +36,7 @@ from canary.pool.messages import (
 from canary.sched.placement import make_placement
 from canary.sched.queues import WeightedFairQueue
 from canary.worker.jobs import JobQueue, JobsWorker, instance_bound
+from tests.conftest import declared_at
 
 
 def program(name: str, parts: int = 3, iters: int = 6, scale: float = 1.0,
@@ -564,12 +565,19 @@ def test_a_job_whose_report_callback_raises_ends_alone_in_process_as_on_a_host()
 
     good = canary.run_local(program("good", 3, 6), workers=2).value("s")
     bad = program("bad", 3, 2)
-    bad.report(bad.datasets[1], callback=callback, name="noisy")
+    bad.report(bad.datasets[1], callback=callback, name="noisy")  # declared: noisy
     run = run_jobs_local([LocalJob(bad), LocalJob(program("good", 3, 6), at=0.5)], workers=2,
                          seed=1, validate=True)
-    assert isinstance(run.results[1], JobAborted)
-    assert "report callback raised: ValueError('the callback failed on purpose')" in str(
-        run.results[1])
+    # what canary run says of it: which report, its driver line (the traceback shows the
+    # callback, not the report that called it), the traceback; the pool said only
+    # "its report callback raised: ValueError(...)"
+    with pytest.raises(TaskError) as alone:
+        canary.run_local(bad, workers=2)
+    said = str(run.results[1])
+    assert isinstance(run.results[1], TaskError) and said == str(alone.value), said
+    assert said.startswith("rank 0 (controller): report 'noisy' of 's' (iteration (), declared "
+                           f"at {declared_at('# declared: noisy')}), its callback failed:\n")
+    assert said.endswith("ValueError: the callback failed on purpose"), said
     res = run.results[2]
     assert isinstance(res, canary.JobResult) and np.array_equal(res.value("s"), good)
 

@@ -50,7 +50,15 @@ from canary.errors import (
     user_error_line,
 )
 from canary.idle import freeze_startup_objects, tight_timer_slack
-from canary.messages import CONTROLLER, ReportPart, Resume, Send, local_event_id
+from canary.messages import (
+    CONTROLLER,
+    Failed,
+    ReportPart,
+    Resume,
+    Send,
+    local_event_id,
+    run_callback,
+)
 from canary.mpi_transport import Recycler
 from canary.pool.messages import (
     Bcast,
@@ -612,15 +620,13 @@ class ControllerHost(_Host):
                 self._release(ins)
 
     def _callback(self, ins: JobCallback) -> None:
-        _local.log = self.logs.get(ins.job)
+        _local.log = self.logs.get(ins.job)  # what the callback prints goes to the job's log
         try:
-            ins.fn(ins.event)
-        except Exception:  # noqa: BLE001 - the job's user code: that job fails alone
-            traceback.print_exc()
-            self.carry(self.state.handle(DriverEnded(
-                self.eid(), ins.job, -1, "its report callback raised (see the log)")))
+            failed = run_callback(ins.callback)
         finally:
             _local.log = None
+        if failed is not None:  # that job fails alone, saying what canary run says
+            self.carry(self.state.handle(Envelope(ins.job, Failed(self.eid(), -1, failed))))
 
     def _note_waiting(self, now: float) -> None:
         """Say in the log of each job that has waited ``WAIT_NOTE_S`` for workers (and again

@@ -26,6 +26,7 @@ from canary.controller.state import ControllerState
 from canary.errors import JobAborted
 from canary.messages import (
     CONTROLLER,
+    Failed,
     Piece,
     PieceBatch,
     ReportPart,
@@ -33,11 +34,11 @@ from canary.messages import (
     Send,
     TaskDone,
     local_event_id,
+    run_callback,
 )
 from canary.pool.messages import (
     Cancel,
     Declared,
-    DriverEnded,
     Envelope,
     JobCallback,
     JobSpec,
@@ -98,8 +99,9 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
 
     Raises RuntimeError if the pool stops making progress before every job ended (an engine
     bug) and ValueError for an unknown policy. ``validate`` checks every job state's
-    invariants after each event. A job whose report callback raises ends alone, with
-    :class:`canary.errors.JobAborted` naming the exception, as on a pool's host.
+    invariants after each event. A job whose report callback raises ends alone, with the
+    :class:`canary.errors.TaskError` that ``canary.run_local`` raises for it (the report, its
+    driver line, the traceback), as on a pool's host.
     """
     rng = random.Random(seed)
     ctrl = JobsController(workers, placement, seed=seed)
@@ -167,12 +169,10 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
             elif kind is YieldJob:
                 push(now, -rank, Envelope(ins.job, Resume(eid(rank))))
             elif kind is JobCallback:
-                try:
-                    ins.fn(ins.event)
-                except Exception as exc:  # noqa: BLE001 - the job's user code: it fails alone,
-                    # as on a pool's host (canary.pool.host), not the whole run
-                    carry(CONTROLLER, ctrl.handle(DriverEnded(
-                        eid(CONTROLLER), ins.job, -1, f"its report callback raised: {exc!r}")))
+                failed = run_callback(ins.callback)
+                if failed is not None:  # that job fails alone, as on a pool's host, not the run
+                    carry(CONTROLLER, ctrl.handle(Envelope(ins.job, Failed(
+                        eid(CONTROLLER), -1, failed))))
             elif kind is Release and rank == CONTROLLER:
                 out.ended[ins.job] = now
                 if ins.reason is None:

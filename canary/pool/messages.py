@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from canary.errors import JobAborted
-from canary.messages import Instruction, Message, _fields_equal
+from canary.messages import Callback, Instruction, Message, _fields_equal
 
 POOL = 0  # the job id of the pool's own messages
 
@@ -230,11 +230,12 @@ class Release(Instruction):
 
 @dataclass(slots=True, eq=False)
 class JobCallback(Instruction):
-    """Rank 0: call the job's report callback ``fn(event)``."""
+    """Rank 0: call the job's report callback, ``callback`` (the job's own controller's
+    instruction, with the driver line of its report: run it with
+    :func:`canary.messages.run_callback`)."""
 
     job: int
-    fn: Any
-    event: Any
+    callback: Callback
     cause: int = 0
 
     __eq__ = _fields_equal
