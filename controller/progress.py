@@ -35,13 +35,16 @@ class ProgressMeter:
 
     Feed it every :class:`LoadReport` (:meth:`report`) and ask on every tick
     (:meth:`due`). ``tasks_base`` is the tasks a resumed job ran before its snapshot.
+    ``heading`` begins each line, before the time: ``canary``, or for a job sharing a pool's
+    workers ``canary pool: job 3``, as the pool's other lines of a job name it.
     """
 
     def __init__(self, program: Program, n_workers: int, period_s: float,
-                 tasks_base: int = 0) -> None:
+                 tasks_base: int = 0, heading: str = "canary") -> None:
         if not period_s > 0:
             raise ValueError(f"a progress period must be more than 0 s, got {period_s!r}")
         self.program = program
+        self.heading = heading
         self.period_s = period_s
         self.next_at = period_s / 2
         self.n_workers = n_workers
@@ -93,7 +96,7 @@ class ProgressMeter:
 
     # ------------------------------------------------------------------------
     def _line(self, now: float) -> str:
-        head = f"canary: {_duration(now)}:"
+        head = f"{self.heading}: {_duration(now)}:"
         running = {w: p for w, p in self.position.items() if w not in self.done}
         if not running:
             return (f"{head} no worker has reported its position yet (starting up: importing, "

@@ -76,14 +76,15 @@ class ControllerState(ControllerSnapshots):
     Progress (``progress_s`` > 0; see :mod:`canary.controller.progress`): on a :class:`Tick`
     at ``progress_s / 2`` seconds into the job and then at least ``progress_s`` apart, a
     :class:`Progress` line saying how long the job has run, where the slowest worker stands
-    (loop, line, iteration), and the task rate. None with ``progress_s`` 0 (the default).
+    (loop, line, iteration), and the task rate; it begins with ``progress_heading``. None
+    with ``progress_s`` 0 (the default).
     """
 
     def __init__(self, program: Program, n_workers: int, policy: Any = None,
                  stall_s: float = 10.0, checkpoint: SnapshotConfig | None = None,
                  first_snapshot: int = 1, resumed: dict[str, Any] | None = None,
                  resumed_results: dict[str, list[np.ndarray]] | None = None,
-                 progress_s: float = 0.0) -> None:
+                 progress_s: float = 0.0, progress_heading: str = "canary") -> None:
         if n_workers < 1:
             raise ValueError(
                 f"a job needs at least one worker (rank 0 is the controller): launch with "
@@ -123,7 +124,8 @@ class ControllerState(ControllerSnapshots):
         # a line on where the job stands every progress_s seconds (0: none), from the same
         # load reports (see canary.controller.progress)
         self.progress_meter = (ProgressMeter(self.program, n_workers, progress_s,
-                                             self.tasks_base) if progress_s > 0 else None)
+                                             self.tasks_base, progress_heading)
+                               if progress_s > 0 else None)
 
     def handle(self, event: Any) -> list[Any]:
         """Apply one message from a worker; return instructions, each carrying the message's
