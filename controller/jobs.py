@@ -15,12 +15,17 @@ For each submitted job it is the job's Sparrow scheduler, then its controller:
   program (:class:`Declared`) the job's own
   :class:`~canary.controller.state.ControllerState` runs it unchanged, on job ranks translated
   to pool ranks. Its traffic stays what it is under ``canary run``.
+* **Progress.** With ``progress_s`` > 0, each job's controller says where the job stands as
+  under ``canary run`` (:mod:`canary.controller.progress`), in a :class:`JobNote` naming the
+  job: on a :class:`Tick` at ``progress_s / 2`` seconds after the job was placed, then at
+  least ``progress_s`` apart, from the load reports its workers send on their own ticks.
 * **Ending.** The job's ``Finish`` releases rank 0's driver with the result, its ``Fail`` with
   the error; a driver that gave up on any rank (:class:`DriverEnded`) or a :class:`Cancel`
   aborts the job (its controller's ``Abort``, or :class:`JobEnd` before it has one). Nothing
   of one job touches another.
 
-Randomness only from the seeded generator; no clock (``Submit`` order is the arrival order).
+Randomness only from the seeded generator; no clock: the time is the latest :class:`Tick`'s
+(``Submit`` order is the arrival order).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from canary.messages import (
     Progress,
     ReportPart,
     Send,
+    Tick,
     worker_rank,
 )
 from canary.pool.messages import Cancel as CancelJob
@@ -80,6 +86,7 @@ class _Job:
     bound: list[int] = field(default_factory=list)
     ranks: tuple[int, ...] = ()
     state: ControllerState | None = None
+    placed_at: float = 0.0  # the pool's clock when the job was placed: its own clock's 0
     inbox: list[Any] = field(default_factory=list)
     #: workers whose driver exited with status 0 before declaring a program: the job has
     #: none if rank 0's driver does the same; if it declares one, the drivers diverged
@@ -99,20 +106,24 @@ class JobsController:
     Events: :class:`Submit`, :class:`ProbeReply`, :class:`Request`, :class:`Declared`,
     ``Envelope(job, message)`` from a job worker (or rank 0's ``Failed`` for a report
     callback of the job that raised, as a lone job's runner feeds it), :class:`DriverEnded`,
-    :class:`Cancel`, :class:`StopPool` (local: tell every worker to leave). Instructions:
-    ``Send(pool rank, message)``, :class:`StartDriver` (rank 0's driver), :class:`JobCallback`,
-    :class:`JobNote`, :class:`Release` (rank 0's driver returns the job's controller state on
-    success, raises on failure; exactly once per started job).
+    :class:`Cancel`, :class:`Tick` (the pool's clock, seconds: each running job's controller
+    gets it as seconds since the job was placed), :class:`StopPool` (local: tell every worker
+    to leave). Instructions: ``Send(pool rank, message)``, :class:`StartDriver` (rank 0's
+    driver), :class:`JobCallback`, :class:`JobNote` (a placement, a progress line),
+    :class:`Release` (rank 0's driver returns the job's controller state on success, raises on
+    failure; exactly once per started job).
 
     ``jobs`` keeps a :class:`JobInfo` per job until :meth:`forget`. Raises ValueError for an
     unknown placement policy or a job id submitted twice.
     """
 
     def __init__(self, n_workers: int, placement: str = "batch-late", d: float = 2.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, progress_s: float = 0.0) -> None:
         if n_workers < 1:
             raise ValueError(f"a pool needs at least one worker, got {n_workers}")
         self.n_workers = n_workers
+        self.progress_s = progress_s  # each job's period between progress lines (0: none)
+        self._now = 0.0  # the latest Tick's
         self.placement = make_placement(placement, d)
         self.rng = np.random.default_rng(seed)
         self.jobs: dict[int, _Job] = {}
@@ -149,6 +160,8 @@ class JobsController:
             self._on_declared(event, out)
         elif kind is DriverEnded:
             self._on_driver_ended(event, out)
+        elif kind is Tick:
+            self._on_tick(event, out)
         elif kind is CancelJob:
             j = self.jobs.get(event.job)
             if j is not None:
@@ -210,6 +223,7 @@ class JobsController:
     def _start(self, j: _Job, workers: list[int], out: list[Any]) -> None:
         chosen = list(dict.fromkeys(workers))
         j.ranks = tuple(worker_rank(w) for w in chosen)
+        j.placed_at = self._now
         j.info.state = "running"
         j.info.workers = tuple(chosen)
         job = j.info.job
@@ -234,13 +248,23 @@ class JobsController:
             return
         program: Program = ev.program
         try:
-            j.state = ControllerState(program, len(j.ranks), None, stall_s=float("inf"))
+            j.state = ControllerState(program, len(j.ranks), None, stall_s=float("inf"),
+                                      progress_s=self.progress_s,
+                                      progress_heading=f"canary pool: job {j.info.job}")
         except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
             self._abort(j, f"{type(exc).__name__}: {exc}", out)
             return
         inbox, j.inbox = j.inbox, []
         for msg in inbox:
             self._feed(j, msg, out)
+
+    def _on_tick(self, ev: Tick, out: list[Any]) -> None:
+        """The pool's clock to each running job's controller, as the job's own: seconds since
+        it was placed (under ``canary run``, since its controller started)."""
+        self._now = ev.now
+        for j in self.jobs.values():
+            if j.state is not None and j.info.state == "running":
+                self._feed(j, Tick(ev.eid, ev.now - j.placed_at), out)
 
     def _on_job_message(self, ev: Envelope, out: list[Any]) -> None:
         j = self.jobs.get(ev.job)

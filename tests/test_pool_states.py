@@ -4,6 +4,7 @@ decisions, and whole multi-job runs in-process (answers, isolation, cancel)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def program(name: str, parts: int = 3, iters: int = 6, scale: float = 1.0,
             raise ValueError("the kernel failed on purpose")
         return a * 1.01 + b * 0.001
 
-    with p.loop(iters):
+    with p.loop(iters):  # declared: the loop of program()
         p.broadcast(s, local)
         p.compute(step, [x, local], [x])
         p.reduce(x, s)
@@ -709,6 +710,72 @@ def test_canary_jobs_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path)
     proc.stdout.close()  # the reader stops, as `head -1` does
     assert proc.wait(timeout=60) == 141
     assert proc.stderr.read() == b""
+
+
+def test_jobs_sharing_the_workers_each_say_how_far_they_are_as_a_lone_job_does() -> None:
+    """A pool job printed no progress line: one that ran long looked hung. Each job's
+    controller says it now, naming the job, on the job's own clock (from its placement), from
+    its workers' load reports; the first half a period in, then a period apart."""
+    from canary.messages import LoadReport, Tick
+    from canary.program import OP_FOR
+
+    def run(ctrl: JobsController) -> list[tuple[float, int, str]]:
+        """Jobs 1 and 2 placed at 100 s and 120 s of the pool's clock; each of their workers
+        reports every 0.5 s, at 10 iterations a second of the job's clock."""
+        placed = {1: 100.0, 2: 120.0}
+        programs = {job: program(f"long{job}", 3, 100_000) for job in placed}
+        head = next(pc for pc, op in enumerate(programs[1].ops) if op[0] == OP_FOR)
+        eids = iter(range(1, 1 << 20))
+        notes = []
+        for tick in range(1, 401):
+            now = tick * 0.5
+            notes += [(now, ins.job, ins.line) for ins in ctrl.handle(Tick(next(eids), now))
+                      if type(ins) is JobNote and "placed on" not in ins.line]
+            for job, at in placed.items():
+                if now == at:
+                    ctrl.handle(Submit(next(eids), job, JobSpec("drv.py")))
+                    ctrl.handle(Declared(next(eids), job, programs[job]))
+                elif now > at:
+                    it = int((now - at) * 10)
+                    for w in range(len(ctrl.info(job).workers)):
+                        ctrl.handle(Envelope(job, LoadReport(
+                            next(eids), w, 0.5, (), 0.1, 20, 2 + 3 * it, False, pc=head + 1,
+                            counters=(it,))))
+        return notes
+
+    notes = run(JobsController(2, "random", progress_s=60.0))
+    assert [(now, job) for now, job, _ in notes] == [(130.0, 1), (150.0, 2), (190.0, 1)]
+    loop = re.escape(declared_at("# declared: the loop of program()"))
+    for (_, job, line), seconds, it in zip(notes, ("30 s", "30 s", "90 s"), (295, 295, 895)):
+        assert re.fullmatch(rf"canary pool: job {job}: {seconds}: loop\(100,000\) at {loop} "
+                            rf"iteration {it}, stage instance {2 + 3 * it:,}; [\d.]+K? tasks, "
+                            r"[\d.]+ tasks/s(, 10 iterations/s)?; workers 80% busy", line), line
+    assert run(JobsController(2, "random")) == []  # progress_s 0, the default: none
+
+
+def test_a_pool_worker_reports_each_jobs_load_on_the_jobs_clock() -> None:
+    """For the jobs' progress lines, as a lone job's worker does; the run-ahead window stays at
+    its most, as it was before a pool's jobs reported (its pace is its shared core's)."""
+    from canary.messages import LoadReport, Tick
+    from canary.worker.config import WorkerConfig
+
+    w = JobsWorker(0, 1, "fifo")
+    for job, at in ((1, 12.0), (2, 13.0), (3, 13.0)):
+        w.handle(JobStart(job, job, 0, (1,), JobSpec()), at)
+        if job != 3:  # job 3's driver has not declared: it has no state to report
+            w.handle(Declared(10 + job, job, program(f"p{job}", 2, 1000)), at)
+    out = w.handle(Tick(20, 14.0, 0.25), 14.0)
+    sent = [(ins.dest, ins.message.job, ins.message.message) for ins in out
+            if type(ins) is Send]
+    assert [(dest, job) for dest, job, _ in sent] == [(CONTROLLER, 1), (CONTROLLER, 2)]
+    reports = [msg for _, _, msg in sent]
+    assert all(type(r) is LoadReport and r.worker == 0 and r.idle == 0.25 for r in reports)
+    assert [r.interval for r in reports] == [2.0, 1.0]  # since each job was declared here
+    out = w.handle(Tick(21, 14.5, 0.5), 14.5)
+    assert [ins.message.message.interval for ins in out if type(ins) is Send] == [0.5, 0.5]
+    for job in (1, 2):
+        state = w.state_of(job)
+        assert state is not None and state.window == WorkerConfig().window
 
 
 def test_a_job_waiting_for_workers_is_told_which_jobs_hold_them() -> None:

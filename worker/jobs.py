@@ -21,6 +21,12 @@ One :class:`~canary.worker.state.WorkerState` per job runs that job exactly as u
   of jobs that another worker, free a moment later, should have had. A job on several workers
   is not waited for: its scheduler answers only once enough workers asked, and two workers
   each waiting for a different such job would wait for ever.
+* **Progress.** On a :class:`~canary.messages.Tick` (every ``config.report_s`` while the pool
+  prints progress lines) each job's state here sends its load report, as under ``canary run``:
+  its position, for the job's progress lines on rank 0. Its clock is the job's (seconds since
+  it was declared here); the idle and CPU seconds are the rank's, which its jobs share. The
+  reports do not size a job's run-ahead window: it stays at its most (``config.window``), as
+  before a pool's jobs reported.
 
 Nothing here reads a clock: ``now`` comes with every event (seconds, never decreasing).
 """
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from canary.errors import JobAborted
@@ -40,6 +46,7 @@ from canary.messages import (
     Shutdown,
     TaskDone,
     TaskFailed,
+    Tick,
     Yield,
 )
 from canary.pool.messages import (
@@ -250,6 +257,7 @@ class _Job:
     ranks: tuple[int, ...]
     spec: JobSpec
     state: WorkerState | None = None
+    declared_at: float = 0.0  # when its driver here declared: its state's clock's 0
     inbox: list[Any] = field(default_factory=list)  # its messages before the driver declared
     seconds: float = 0.0  # task seconds spent here
     units: int = 0
@@ -264,7 +272,8 @@ class JobsWorker:
     Events: :class:`Reserve`, :class:`Unreserve`, :class:`Probe`, :class:`JobStart`,
     :class:`JobEnd`, :class:`StopPool`, ``Envelope(job, message)`` (a job's message from
     another rank, or its ``TaskDone``/``TaskFailed``/``Resume`` here), :class:`Declared` and
-    :class:`DriverEnded` (local: the driver on this rank). Instructions: ``Send(pool rank,
+    :class:`DriverEnded` (local: the driver on this rank), :class:`Tick` (local: each job's
+    state reports its load; ``now`` is the handle's). Instructions: ``Send(pool rank,
     message)``, :class:`StartDriver`, :class:`RunJobTask` (at most one outstanding),
     :class:`YieldJob`, :class:`Release`, and ``StopPool`` itself when the pool ends.
 
@@ -279,7 +288,9 @@ class JobsWorker:
         self.worker = worker
         self.n_workers = n_workers
         self.queue = JobQueue(policy)
-        self.config = config or WorkerConfig()
+        # window_s 0: a job's load reports are for its progress lines; a pool never sized a
+        # job's window from its pace, which its core shared with other jobs would set
+        self.config = replace(config or WorkerConfig(), window_s=0.0)
         self.train_tasks = train_tasks
         self.jobs: dict[int, _Job] = {}
         # jobs with a reservation queued or asked for -> whether the job runs on one worker
@@ -326,6 +337,8 @@ class JobsWorker:
             j = self.jobs.get(event.job)
             if j is not None:  # the driver here gave up while the job goes on: say so
                 self._broken(j, event.message, out, event.clean)
+        elif kind is Tick:
+            self._on_tick(event, now, out)
         elif kind is StopPool:
             self.stopped = True
             out.append(event)
@@ -370,6 +383,7 @@ class JobsWorker:
         if j is None or j.state is not None or j.broken:
             return  # ended meanwhile (its driver is released), or declared twice
         program: Program = ev.program
+        j.declared_at = self._now
         try:
             j.state = WorkerState(program, j.index, len(j.ranks), self.config)
             j.bound = instance_bound(j.state.program.ops)
@@ -412,6 +426,16 @@ class JobsWorker:
             self._started(j, now)
         if kind is TaskDone and self.queue.policy == "hfsp" and not j.trained:
             self._train(j, now)
+
+    def _on_tick(self, ev: Tick, now: float, out: list[Any]) -> None:
+        for j in self.jobs.values():
+            if j.state is None or j.broken:
+                continue
+            try:
+                self._apply(j, j.state.handle(Tick(ev.eid, now - j.declared_at, ev.idle, ev.cpu,
+                                                   ev.cpu_wait)), out)
+            except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
+                self._broken(j, f"{type(exc).__name__}: {exc}", out)
 
     def _task_finished(self, job: int, msg: Any, now: float) -> None:
         if self.running is not None and self.running[0] == job:
