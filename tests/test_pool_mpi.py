@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,12 +48,17 @@ def main(argv):
         time.sleep(0.002)
         return a * 1.01 + b * 0.001
 
-    with p.loop(iters):
+    def final(ev):
+        if argv[2] == "callback":
+            raise ValueError("the callback failed on purpose")
+        print("iteration", ev.iteration)
+
+    with p.loop(iters):  # declared: the loop
         p.broadcast(s, local)
         p.compute(step, [x, local], [x])
         p.reduce(x, s)
         p.report(s, name="progress")  # what `canary jobs` counts iterations by
-    p.report(s, name="final", callback=lambda ev: print("iteration", ev.iteration))
+    p.report(s, name="final", callback=final)  # declared: final
     result = canary.run(p, comm)
     if result is not None:
         np.save(out, result.value("s"))
@@ -155,6 +161,28 @@ def test_two_jobs_at_once_a_failing_one_and_a_cancel(workers: int, driver: str,
     client.stop(pool_dir, timeout=60)
     with pytest.raises(PoolError, match="no pool is running"):
         client.submit(driver, [], pool_dir)
+
+
+def test_a_long_job_says_how_far_it_is_and_a_failing_callback_its_report(
+        driver: str, pool_dir: Path, tmp_path: Path) -> None:
+    # a pool job printed no progress line, so a long one looked hung; and its report callback
+    # that raised said neither which report nor its line, which canary run says
+    env = dict(mpiexec_env(120, str(ROOT)), CANARY_PROGRESS_S="1", CANARY_REPORT_MS="100")
+    client.start(2, find_mpiexec(), env, pool_dir, timeout=90)
+    out = str(tmp_path / "o.npy")
+    long = client.submit(driver, ["1000", "1.0", "ok", out], pool_dir)  # 4 s of sleeps or more
+    bad = client.submit(driver, ["2", "1.0", "callback", out], pool_dir)
+    assert client.wait(long, pool_dir, timeout=120)["state"] == "done"
+    said = client.logs(long, pool_dir)
+    loop = re.escape(declared_at("# declared: the loop", driver))
+    assert re.search(rf"^canary pool: job {long}: [\d.]+ s: loop\(1,000\) at {loop} iteration "
+                     r"[\d,]+, stage instance [\d,]+; [\d.]+K? tasks, ", said, re.M), said
+    assert client.wait(bad, pool_dir, timeout=120)["state"] == "failed"
+    said = client.logs(bad, pool_dir)
+    assert f"canary: job aborted: rank 0 (controller): report 'final' of 's' (iteration (), " \
+           f"declared at {declared_at('# declared: final', driver)}), its callback failed:\n" \
+           "Traceback" in said, said
+    assert said.count("Traceback") == 1 and "the callback failed on purpose" in said, said
 
 
 def test_stop_now_ends_a_pool_whose_job_is_stuck_before_canary_run(

@@ -42,6 +42,7 @@ from mpi4py import MPI
 import canary
 import canary.mpi_runner
 from canary.controller.jobs import JobsController
+from canary.env import PROGRESS_ENV, env_number
 from canary.errors import (
     CanaryError,
     DeclarationError,
@@ -56,6 +57,7 @@ from canary.messages import (
     ReportPart,
     Resume,
     Send,
+    Tick,
     local_event_id,
     run_callback,
 )
@@ -98,6 +100,9 @@ IDLE_SLEEP_S = 1e-3
 # the switch interval (5 ms by default) whenever the loop polls without sleeping.
 SWITCH_INTERVAL_S = 5e-4
 POOL_FUSE_MAX_S = 5e-3  # the longest fused stretch of a pool job
+# How often rank 0 gives the jobs' controllers the time, on which their progress lines are
+# due: as often as canary run's controller gets its Tick
+TICK_S = 0.1
 
 
 # ---------------------------------------------------------------- output of the jobs
@@ -445,9 +450,13 @@ class _Host:
 
 
 class WorkerHost(_Host):
-    """A worker rank: feed :class:`JobsWorker` and carry out what it says."""
+    """A worker rank: feed :class:`JobsWorker` and carry out what it says. With
+    ``progress_s`` > 0 (the jobs' progress lines are printed) it gives it a :class:`Tick`
+    every ``config.report_s``, with the seconds the rank waited with nothing to do since the
+    last, for its jobs' load reports."""
 
-    def __init__(self, comm: Any, spool: Spool, policy: str, config: WorkerConfig) -> None:
+    def __init__(self, comm: Any, spool: Spool, policy: str, config: WorkerConfig,
+                 progress_s: float = 0.0) -> None:
         super().__init__(comm, spool)
         n = comm.Get_size() - 1
         # A task is never preempted, so a job's fused stretch is what another job's urgent
@@ -458,6 +467,9 @@ class WorkerHost(_Host):
         self.tx.recycler = Recycler(config.recycle_bytes)
         self.task: RunJobTask | None = None
         self.resume: list[int] = []
+        self.report_s = config.report_s if progress_s > 0 else math.inf
+        self.next_report = self.report_s  # on self.now()'s clock
+        self.idle_s = 0.0  # waited with nothing to do since the last Tick
 
     def carry(self, instrs: list[Any]) -> None:
         for ins in instrs:
@@ -525,10 +537,17 @@ class WorkerHost(_Host):
             if busy:
                 self.idle.reset()
             else:
+                waited = time.perf_counter()
                 self.tx.progress()
                 st = self.state
                 self.idle.sleep(ACTIVE_SLEEP_S if st.jobs or st.reserved or self.contexts
                                 else IDLE_SLEEP_S)
+                self.idle_s += time.perf_counter() - waited
+            now = self.now()
+            if now >= self.next_report:
+                self.next_report = now + self.report_s
+                self.handle(Tick(self.eid(), now, self.idle_s))
+                self.idle_s = 0.0
         self.tx.flush()
 
     def _local(self, item: tuple[Any, ...]) -> None:
@@ -548,13 +567,15 @@ class WorkerHost(_Host):
 
 class ControllerHost(_Host):
     """Rank 0: read the pool directory, feed :class:`JobsController`, run the jobs'
-    callbacks, keep every job's status file."""
+    callbacks, keep every job's status file. With ``progress_s`` > 0 each job prints a
+    progress line every ``progress_s`` seconds into its log (its controller gets a
+    :class:`Tick` every ``TICK_S``)."""
 
     def __init__(self, comm: Any, spool: Spool, policy: str, placement: str,
-                 seed: int, d: float) -> None:
+                 seed: int, d: float, progress_s: float = 0.0) -> None:
         super().__init__(comm, spool)
         self.n = comm.Get_size() - 1
-        self.state = JobsController(self.n, placement, d, seed)
+        self.state = JobsController(self.n, placement, d, seed, progress_s)
         self.policy = policy
         self.placement = placement
         self.logs: dict[int, JobLog] = {}
@@ -564,6 +585,7 @@ class ControllerHost(_Host):
         self.stopping_since = 0.0
         self.next_scan = 0.0
         self.next_status = 0.0
+        self.next_tick = 0.0 if progress_s > 0 else math.inf
         self.wait_noted: dict[int, float] = {}  # job -> its wait when last said
         self.scan_now = False
 
@@ -808,6 +830,9 @@ class ControllerHost(_Host):
                                                f"{STOP_NOW_GRACE_S:.0f} s of `canary cluster "
                                                "stop --now`")
                     break
+            if t >= self.next_tick:
+                self.next_tick = t + TICK_S
+                self.carry(self.state.handle(Tick(self.eid(), self.now())))
             if t >= self.next_status:
                 self.next_status = t + 0.5
                 for job in self.state.active:
@@ -851,8 +876,10 @@ def main(argv: list[str] | None = None) -> int:
     # every rank is up, and its settings read, before rank 0 says the pool is ready (a bad one
     # ended the workers after it had)
     config: WorkerConfig | None = None
+    progress_s = 0.0
     try:
         config = WorkerConfig.from_env()
+        progress_s = env_number(PROGRESS_ENV, 60.0)  # 0: no progress lines
         problem = None
     except ValueError as exc:
         problem = str(exc)
@@ -866,10 +893,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if comm.Get_rank() == CONTROLLER:
         ControllerHost(comm, spool, args.policy, args.placement, args.seed,
-                       args.probe_ratio).loop()
+                       args.probe_ratio, progress_s).loop()
     else:
         assert config is not None  # else every rank has returned above
-        WorkerHost(comm, spool, args.policy, config).loop()
+        WorkerHost(comm, spool, args.policy, config, progress_s).loop()
     comm.Barrier()
     return 0
 
