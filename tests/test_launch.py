@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -747,13 +748,27 @@ LR = "apps/logistic_regression.py"
 MARK = "CANARY_TEST_MARK"
 
 
-def canary_run(*args: str, timeout: int = 120,
-               stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def canary_run(*args: str, timeout: int = 120, stdin: str | None = None, staged: str = "",
+               meanwhile: Callable[[subprocess.Popen[str]], None] | None = None
+               ) -> subprocess.CompletedProcess[str]:
     """``python -m canary.cli run -n 2 ARGS`` from the repository, with hard time limits, and
-    ``stdin`` as its standard input (default: this process's)."""
-    return subprocess.run([sys.executable, "-m", "canary.cli", "run", "-n", "2", "--timeout",
-                           str(timeout), *args], cwd=ROOT, capture_output=True, text=True,
-                          input=stdin, timeout=timeout + 60)
+    ``stdin`` as its standard input (default: this process's). ``staged``: Python code the
+    launcher runs before canary's ``main`` (it patches canary to stage a moment of the run);
+    ``meanwhile(proc)`` is called once it has started, before its output is read."""
+    main = "import sys\nfrom canary.cli import main\nsys.exit(main(sys.argv[1:]))"
+    how = ["-c", f"{staged}\n{main}"] if staged else ["-m", "canary.cli"]
+    proc = subprocess.Popen([sys.executable, *how, "run", "-n", "2", "--timeout", str(timeout),
+                             *args], cwd=ROOT, stdin=None if stdin is None else subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if meanwhile is not None:
+            meanwhile(proc)
+        out, err = proc.communicate(stdin, timeout=timeout + 60)
+    finally:
+        if proc.poll() is None:  # the test failed or timed out: nothing of it may stay
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_standard_input_reaches_rank_0_and_the_others_read_its_end() -> None:
