@@ -177,37 +177,53 @@ def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, 
     from the start, at most ``restarts`` times. Returns ``canary run``'s exit status.
 
     Snapshots an earlier run left in ``checkpoint`` are never taken: that run may have had
-    other arguments or input (a restart gave the earlier run's answer)."""
+    other arguments or input (a restart gave the earlier run's answer).
+
+    A stop signal between two launches (:class:`canary.launch.Stopped`) ends it with one line
+    naming the restart that was not started, and 128 + the signal; one before the first launch
+    is raised."""
     done = 0
     resumed = snap
     first = next_id(checkpoint) if checkpoint is not None else 1  # this run's snapshots
     while True:
-        if snap is not None:
-            env[RESUME_ENV] = os.path.abspath(snap.path)
-            print(f"canary: resuming from snapshot {snap.id} ({snap.position['where']}, taken "
-                  f"{snap.data['run_seconds']:.0f} s into the run) on {workers} worker(s)",
-                  file=sys.stderr)
-        status, lost = launch.supervise_job(cmd, env, workers + 1, hydra)
-        if lost and restarts and done >= restarts:
-            print(f"canary: no restart left (--restarts {restarts} used up)", file=sys.stderr)
-        if status == 0 or not lost or done >= restarts or checkpoint is None:
-            return status
-        done += 1
         try:
-            snap, notes = choose(checkpoint, since=first)
-        except SnapshotError:
-            snap, notes = resumed, []
-        for note in notes:
-            print(f"canary: {note}", file=sys.stderr)
-        if snap is None:
-            where = "the beginning (this run has committed no snapshot)"
-        elif snap is resumed:
-            where = f"snapshot {snap.id} of {os.path.dirname(snap.path)}, which it resumed from"
-        else:
-            where = f"snapshot {snap.id}"
-        print(f"canary: restarting the job ({done} of {restarts}) from {where}", file=sys.stderr)
-        if snap is None:
-            env.pop(RESUME_ENV, None)
+            if snap is not None:
+                env[RESUME_ENV] = os.path.abspath(snap.path)
+                print(f"canary: resuming from snapshot {snap.id} ({snap.position['where']}, "
+                      f"taken {snap.data['run_seconds']:.0f} s into the run) on {workers} "
+                      "worker(s)", file=sys.stderr)
+            status, lost = launch.supervise_job(cmd, env, workers + 1, hydra)
+            if lost and restarts and done >= restarts:
+                print(f"canary: no restart left (--restarts {restarts} used up)",
+                      file=sys.stderr)
+            if status == 0 or not lost or done >= restarts or checkpoint is None:
+                return status
+            done += 1
+            try:
+                snap, notes = choose(checkpoint, since=first)
+            except SnapshotError:
+                snap, notes = resumed, []
+            for note in notes:
+                print(f"canary: {note}", file=sys.stderr)
+            if snap is None:
+                where = "the beginning (this run has committed no snapshot)"
+            elif snap is resumed:
+                where = (f"snapshot {snap.id} of {os.path.dirname(snap.path)}, which it "
+                         "resumed from")
+            else:
+                where = f"snapshot {snap.id}"
+            print(f"canary: restarting the job ({done} of {restarts}) from {where}",
+                  file=sys.stderr)
+            if snap is None:
+                env.pop(RESUME_ENV, None)
+        except launch.Stopped as stop:
+            if done == 0:
+                raise  # no job ran yet: said where canary run's start-up is
+            # checkpoint is set: a restart was under way
+            print(f"canary: {launch.stop_word(stop.signum)} before restart {done} of {restarts} "
+                  f"was started: the job is not relaunched; "
+                  f"{launch.results_left(checkpoint or '')}", file=sys.stderr)
+            return 128 + stop.signum
 
 
 def _snapshots(argv: list[str]) -> int:
@@ -247,8 +263,10 @@ exit status:
            mpiexec killed by signal S gives 128+S
   124      the time limit (--timeout, MPIEXEC_TIMEOUT) expired
   130      canary run was interrupted (Ctrl-C), 143: terminated (SIGTERM), 129: hung
-           up (SIGHUP); the job was stopped. 143 too when mpiexec got SIGTERM from
-           outside (`kill`, a batch system) and passed it on to the ranks
+           up (SIGHUP); the job was stopped, or not started when the signal came
+           before it or a restart of it (the line says which). 143 too when mpiexec
+           got SIGTERM from outside (`kill`, a batch system) and passed it on to the
+           ranks
 
 snapshots: with --checkpoint DIR the job writes a snapshot every --checkpoint-every
 seconds (default 60) into DIR, keeping the last --keep (default 2); `canary run -n M
@@ -338,14 +356,19 @@ def main(argv: list[str] | None = None) -> int:
             r.error(f"--timeout must be at least 1 second, got {args.timeout} (leave it out "
                     "for no time limit)")
     try:
-        return _run(args)
+        with launch.stopped_by_signals():  # by default SIGTERM and SIGHUP end it without a word
+            return _run(args)
+    except launch.Stopped as stop:  # before the job started (the launcher handles it after)
+        print(f"canary: {launch.stop_word(stop.signum)} before the job started: no job ran",
+              file=sys.stderr)
+        return 128 + stop.signum
     except SnapshotError as exc:
         print(f"canary run: {exc}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:  # no mpiexec, or it cannot be started
         print(f"canary: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before the job started (the launcher handles it after)
+    except KeyboardInterrupt:  # before canary run's own handling was in place
         print("canary: interrupted", file=sys.stderr)
         return 130
 

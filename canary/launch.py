@@ -8,7 +8,9 @@ launcher, and say how the job ended.
   SIGHUP do the same. On Linux mpiexec gets SIGTERM when the launcher dies, even by SIGKILL
   (``PR_SET_PDEATHSIG``), and the sentinel of every rank on the launcher's host stops its rank
   when the launcher is gone (:mod:`canary.sentinel`). Ranks left on this host after mpiexec
-  has ended are killed.
+  has ended are killed. While no job runs (``canary run`` starting, or between a job and its
+  relaunch), :func:`stopped_by_signals` turns those signals into :class:`Stopped`, so that
+  ``canary run`` says what was not started instead of ending without a word.
 * **Output.** With MPICH's hydra, every line a rank prints comes tagged with its rank
   (``-prepend-pattern``), and :class:`OutputFilter` turns the stream back into the ranks'
   lines: rank 0's lines pass at once; a line of another rank is held back up to ``hold``
@@ -41,7 +43,8 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -388,21 +391,34 @@ LOST = ("the job's results are lost unless it kept snapshots (with --checkpoint 
         "`canary run --resume DIR` continues from the last one)")
 
 
-def _lost(end: JobEnd) -> str:
-    """What became of an unfinished job's results: lost, or where its snapshots are."""
-    if end.checkpoint:
+def stop_word(signum: int) -> str:
+    """How ``canary run`` says it got stop signal ``signum``: ``interrupted`` (SIGINT),
+    ``terminated`` (SIGTERM), ``hung up`` (SIGHUP); ``stopped`` for any other."""
+    return _STOP_WORDS.get(signum, "stopped")
+
+
+def results_left(checkpoint: str) -> str:
+    """What became of an unfinished job's results: where its snapshots are in ``checkpoint``
+    (its --checkpoint folder), that it had committed none there yet, or, with no folder
+    (``""``), that they are lost."""
+    if checkpoint:
         from canary.snapshot import SnapshotError, committed
 
         try:
-            kept = bool(committed(end.checkpoint))
+            kept = bool(committed(checkpoint))
         except SnapshotError:
             kept = False
         if kept:
-            return (f"its snapshots are in {end.checkpoint}: `canary run --resume "
-                    f"{end.checkpoint}` continues from the last one")
-        return (f"the job's results are lost: it had committed no snapshot to {end.checkpoint} "
+            return (f"its snapshots are in {checkpoint}: `canary run --resume "
+                    f"{checkpoint}` continues from the last one")
+        return (f"the job's results are lost: it had committed no snapshot to {checkpoint} "
                 "yet (the first comes --checkpoint-every seconds into the run)")
     return LOST
+
+
+def _lost(end: JobEnd) -> str:
+    """:func:`results_left` for the job that ended as ``end`` says."""
+    return results_left(end.checkpoint)
 
 
 def relayed_signal(end: JobEnd) -> int | None:
@@ -438,8 +454,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     """
     rec = end.records
     if end.stopped_by is not None:
-        word = _STOP_WORDS.get(signal.Signals(end.stopped_by), "stopped")
-        line = f"canary: {word}; job stopped"
+        line = f"canary: {stop_word(end.stopped_by)}; job stopped"
         if end.checkpoint:  # where it can go on from
             line += f"; {_lost(end)}"
         return 128 + end.stopped_by, [line]
@@ -473,10 +488,9 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         return status, [f"canary: {who} {phrase} before the job finished{left}; {_lost(end)}"]
     relayed = relayed_signal(end)
     if relayed is not None and not finished:  # the ranks ended as told: no rank failed
-        word = _STOP_WORDS.get(relayed, "stopped")
         who = f"mpiexec (pid {end.mpiexec_pid})" if end.mpiexec_pid else "mpiexec"
-        line = (f"canary: {word}: {who} received {_signal_name(relayed)} from outside canary run; "
-                "job stopped")
+        line = (f"canary: {stop_word(relayed)}: {who} received {_signal_name(relayed)} from "
+                "outside canary run; job stopped")
         if end.checkpoint:
             line += f"; {_lost(end)}"
         return 128 + relayed, [line]
@@ -618,6 +632,44 @@ def _killed_unstarted(end: JobEnd) -> tuple[int, int] | None:
 
 
 # -- supervising mpiexec -------------------------------------------------------------------
+
+
+class Stopped(BaseException):
+    """``canary run`` got SIGINT, SIGTERM or SIGHUP while it ran no job (see
+    :func:`stopped_by_signals`); ``signum`` is the signal. A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` on its way takes it for an error."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """While in it, SIGINT, SIGTERM and SIGHUP raise :class:`Stopped` in the main thread, where
+    SIGTERM and SIGHUP would end the process without a word; :func:`supervise_job` handles them
+    itself while it runs a job. Only the first is raised: it puts the handlers that were there
+    before back, so that a second signal acts as it would have (ends the process at once while
+    the first one unwinds). Nothing is installed outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in _Stopper.SIGNALS}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def handle(signum: int, frame: object) -> None:
+        restore()
+        raise Stopped(signum)
+
+    for sig in previous:
+        signal.signal(sig, handle)
+    try:
+        yield
+    finally:
+        restore()
 
 
 class _Stopper:
@@ -773,6 +825,9 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
     ``hydra``: the command carries :func:`hydra_options`, and the output goes through
     :class:`OutputFilter`; otherwise mpiexec writes straight to this process's stdout and
     stderr. Raises OSError if mpiexec cannot be started.
+
+    A stop signal (SIGINT, SIGTERM, SIGHUP) stops the job (128 + the signal). Before the job
+    is started, and once this returns, the caller's handlers serve (:func:`stopped_by_signals`).
     """
     remove_stale()  # what earlier jobs that nothing cleaned up after left in /dev/shm
     remove_stale_run_folders()  # ... and in the temp directory

@@ -902,6 +902,59 @@ def test_ctrl_c_stops_the_job_with_one_line(long_job: LongJob) -> None:
     assert long_job.leftovers() == {}
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_while_canary_run_starts_says_that_no_job_ran(tmp_path: Path,
+                                                                   sig: signal.Signals) -> None:
+    # before mpiexec was started canary run died of the signal without a word (shell: 143, 129)
+    hostfile = tmp_path / "hosts"
+    os.mkfifo(hostfile)  # canary run waits in reading it, before it starts mpiexec
+    writers: list[int] = []
+
+    def signal_while_it_reads(proc: subprocess.Popen[str]) -> None:
+        deadline = time.monotonic() + 60
+        while not writers:
+            try:  # succeeds once canary run has opened the hostfile to read it
+                writers.append(os.open(hostfile, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "never read"
+                time.sleep(0.05)
+        proc.send_signal(sig)  # it reads on, for nothing is written: held open until it ends
+
+    try:
+        r = canary_run("-f", str(hostfile), LR, timeout=60, meanwhile=signal_while_it_reads)
+    finally:
+        for fd in writers:
+            os.close(fd)
+    assert r.returncode == 128 + sig and r.stdout == ""
+    word = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}[sig]
+    assert r.stderr == f"canary: {word} before the job started: no job ran\n"
+
+
+def test_a_stop_signal_between_a_lost_job_and_its_restart_names_the_restart(
+        tmp_path: Path) -> None:
+    # canary run died of it without a word (shell: 143) once it had said how the job ended
+    ck = tmp_path / "ck"
+    staged = "\n".join([
+        "import os, signal, sys",
+        "from canary import cli",
+        # an mpiexec that is killed: the job lost, and relaunched
+        "cli.mpiexec_command = lambda *a, **k: [sys.executable, '-c', "
+        "'import os, signal; os.kill(os.getpid(), signal.SIGKILL)']",
+        "def choose(*args, **kwargs):",  # as the snapshot to restart from is picked
+        "    signal.raise_signal(signal.SIGTERM)",
+        "    raise AssertionError('the signal did not stop canary run')",
+        "cli.choose = choose"])
+    r = canary_run("--checkpoint", str(ck), "--restarts", "2", LR, timeout=60, staged=staged)
+    none_yet = (f"the job's results are lost: it had committed no snapshot to {ck} yet (the "
+                "first comes --checkpoint-every seconds into the run)")
+    assert r.returncode == 143 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert re.fullmatch(r"canary: mpiexec \(pid \d+\) was killed by SIGKILL before the job "
+                        rf"finished; {re.escape(none_yet)}", lines[0]), r.stderr
+    assert lines[1:] == [f"canary: terminated before restart 1 of 2 was started: the job is not "
+                         f"relaunched; {none_yet}"], r.stderr
+
+
 def test_a_killed_worker_is_named_with_its_signal(long_job: LongJob) -> None:
     long_job.wait_running()
     victim = long_job.rank_pid(2)
