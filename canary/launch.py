@@ -826,8 +826,10 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
     :class:`OutputFilter`; otherwise mpiexec writes straight to this process's stdout and
     stderr. Raises OSError if mpiexec cannot be started.
 
-    A stop signal (SIGINT, SIGTERM, SIGHUP) stops the job (128 + the signal). Before the job
-    is started, and once this returns, the caller's handlers serve (:func:`stopped_by_signals`).
+    A stop signal (SIGINT, SIGTERM, SIGHUP) stops the job (128 + the signal); one that comes
+    after mpiexec ended makes a job that lost a rank 128 + the signal too, and not lost, since
+    a relaunch is not what was asked for. Before the job is started, and once this returns, the
+    caller's handlers serve (:func:`stopped_by_signals`).
     """
     remove_stale()  # what earlier jobs that nothing cleaned up after left in /dev/shm
     remove_stale_run_folders()  # ... and in the temp directory
@@ -885,11 +887,18 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
             end.wrote_stderr, end.bad_end = filt.wrote_stderr, filt.bad_end
         status, lines = verdict(end)
         _writer(sys.stderr)("".join(f"{line}\n" for line in lines).encode())
-        return status, rank_lost(end, status)
+        lost = rank_lost(end, status)
     finally:
-        stopper.restore()
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+        stopper.restore()
+    if lost and stopper.signum is not None and end.stopped_by is None:
+        # the signal came once mpiexec had ended, too late to be the verdict's: the job ended by
+        # itself, as said above, but canary run was told to stop, not to relaunch it
+        _writer(sys.stderr)(f"canary: {stop_word(stopper.signum)} as the job ended; it is not "
+                            "relaunched\n".encode())
+        return 128 + stopper.signum, False
+    return status, lost
 
 
 def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper,

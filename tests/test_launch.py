@@ -693,6 +693,26 @@ def test_supervise_passes_another_mpis_output_through_and_reads_the_records(
                    f"{LOST}\n")
 
 
+def test_a_stop_signal_once_mpiexec_has_ended_is_no_relaunch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # it came while the job's end was being said: taken and forgotten, and the job relaunched
+    said = launch.verdict
+
+    def verdict_as_the_signal_comes(end: JobEnd) -> tuple[int, list[str]]:
+        signal.raise_signal(signal.SIGTERM)  # the launcher's own handler takes it
+        return said(end)
+
+    monkeypatch.setattr(launch, "verdict", verdict_as_the_signal_comes)
+    fake = [*sentinel_command(), sys.executable, "-c", "import os; os._exit(0)"]  # a rank lost
+    env = run_env(tmp_path)
+    del env[RUN_DIR]  # supervise makes the run folder
+    assert supervise_job(fake, env, ranks=1, hydra=False) == (143, False)
+    assert capfd.readouterr().err == (
+        "canary: rank 0 (controller) exited with status 0 before the job finished; "
+        f"{LOST}\ncanary: terminated as the job ended; it is not relaunched\n")
+
+
 def start_launcher(tmp: Path) -> subprocess.Popen[str]:
     """A launcher (``supervise_job``) whose mpiexec is a stand-in that starts no rank, with
     ``tmp`` as its temp directory; returns once its run folder is made."""
