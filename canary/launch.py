@@ -188,6 +188,32 @@ def how_it_ended(returncode: int) -> tuple[str, int]:
     return f"exited with status {returncode}", returncode or 1
 
 
+# signals whose default action dumps core: the wait status of a process one of them killed
+# has the core flag (128) where core files are allowed
+_DUMPS_CORE = frozenset(getattr(signal, name) for name in (
+    "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGSEGV", "SIGSYS", "SIGXCPU",
+    "SIGXFSZ") if hasattr(signal, name))
+
+
+def banner_returncode(code: int) -> int:
+    """The returncode (as :mod:`subprocess` gives it: negative for the signal that killed it)
+    of the process hydra's banner names with ``EXIT CODE: code``.
+
+    Since MPICH 3.2 hydra prints the banner only for a process that did not exit by itself, and
+    the code is then its wait status: the signal's number, plus 128 where the process dumped
+    core (139: SIGSEGV, 134: SIGABRT). That is not a shell's 128 + signal: SIGKILL, which never
+    dumps core, is always 9, never 137. Hydra before 3.2 printed it for an exit status other
+    than 0 too, as that status. So 1 to 64 is taken for the signal, and so is 128 + a signal
+    that dumps core; any other code (137, 255) cannot be the wait status of a killed process,
+    and is taken for an exit status.
+    """
+    if 0 < code < 65:
+        return -code
+    if code - 128 in _DUMPS_CORE:
+        return 128 - code
+    return code
+
+
 @dataclass
 class _Held:
     line: bytes
@@ -552,7 +578,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     sentinel = killed_sentinel(end)
     if sentinel is not None:
         rank, code = sentinel
-        phrase, status = how_it_ended(-code) if 0 < code < 65 else how_it_ended(code)
+        phrase, status = how_it_ended(banner_returncode(code))
         if rank is not None:
             return status, [f"canary: the sentinel (pid {rec.starts[rank].sentinel}) of "
                             f"{name(rank)} {phrase} before the job finished, so how its rank "
@@ -565,8 +591,8 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
                         f"order); {_lost(end)}"]
     early = _killed_unstarted(end)
     if early is not None:
-        pid, code = early
-        phrase, status = how_it_ended(-code)
+        pid, signum = early
+        phrase, status = how_it_ended(-signum)
         return status, [f"canary: a rank's sentinel ended before its rank had started: it "
                         f"{phrase} (hydra names pid {pid} on this host, which is no started "
                         f"rank's sentinel); {_lost(end)}"]
@@ -595,7 +621,7 @@ def killed_sentinel(end: JobEnd) -> tuple[int | None, int] | None:
     that was killed, and so could not note how its rank ended: ``(rank, code)``, where rank is
     the rank whose sentinel it surely is, or None when the banner names a started rank's
     sentinel but need not mean the one that was killed, and code is hydra's exit code for it
-    (a signal's number). None when the banner names no started rank's sentinel.
+    (see :func:`banner_returncode`). None when the banner names no started rank's sentinel.
 
     Hydra's process manager kills every process of its host with SIGKILL as soon as one was
     killed, and the banner then names the first *in rank order* of those killed, not the first
@@ -615,20 +641,21 @@ def killed_sentinel(end: JobEnd) -> tuple[int | None, int] | None:
 
 
 def _killed_unstarted(end: JobEnd) -> tuple[int, int] | None:
-    """The pid hydra named first as ended badly and its exit code, when that process ran on
-    this host and is neither a started rank nor its sentinel: the sentinel of a rank that had
-    not recorded its start yet (a sentinel killed early, so its rank never started). None
-    otherwise. Ranks on this host record their start, so a rank of this host that had started
-    would be known."""
+    """The pid hydra named first as ended badly and the signal that killed it, when that
+    process ran on this host and is neither a started rank nor its sentinel: the sentinel of a
+    rank that had not recorded its start yet (a sentinel killed early, so its rank never
+    started). None otherwise. Ranks on this host record their start, so a rank of this host
+    that had started would be known."""
     if end.bad_end is None:
         return None
     pid, host, code = end.bad_end
-    # a signal's number, not 1 or 2: a rank that cannot even start Python exits with those
-    if host != end.host or code is None or not 2 < code < 65:
+    # a signal (banner_returncode), not 1 or 2: a rank that cannot even start Python exits with
+    # those, and an older hydra named such a process too
+    if host != end.host or code is None or code in (1, 2) or banner_returncode(code) >= 0:
         return None
     if any(pid in (s.pid, s.sentinel) for s in end.records.starts.values()):
         return None
-    return pid, code
+    return pid, -banner_returncode(code)
 
 
 # -- supervising mpiexec -------------------------------------------------------------------

@@ -322,6 +322,26 @@ def test_a_killed_sentinel_is_named_only_where_hydra_surely_means_it() -> None:
     assert launch.killed_sentinel(end(apart, 9, bad_end=(202, "b", 9), ranks=3)) is None
 
 
+def test_hydras_exit_code_of_a_process_that_dumped_core_is_said_as_its_signal() -> None:
+    # hydra's EXIT CODE is the wait status, 128 + the signal where a core was dumped: the
+    # sentinel killed by SIGSEGV was said to have "exited with status 139"
+    f = OutputFilter(ranks=3)
+    f.feed(STDOUT, banner(200, "here", 139), now=0.0)
+    f.finish()
+    assert verdict(end(records(), 139, bad_end=f.bad_end, ranks=3)) == (139, [
+        "canary: the sentinel (pid 200) of rank 0 (controller, pid 100) was killed by SIGSEGV "
+        f"before the job finished, so how its rank ended is not known; {LOST}"])
+    # before its rank had started (SIGABRT): not said at all, and not relaunched
+    early = end(records(starts=0), 134, bad_end=(300, "here", 134))
+    assert verdict(early) == (134, [
+        "canary: a rank's sentinel ended before its rank had started: it was killed by SIGABRT "
+        f"(hydra names pid 300 on this host, which is no started rank's sentinel); {LOST}"])
+    assert rank_lost(early, 134)
+    # 128 + a signal that dumps no core is no wait status (SIGKILL's is 9): an exit status
+    assert [launch.banner_returncode(c) for c in (9, 131, 139, 137, 143, 255)] == [
+        -9, -3, -11, 137, 143, 255]
+
+
 def test_a_sentinel_killed_before_its_rank_started_is_said_and_relaunched() -> None:
     # the sentinel of a rank that had not recorded its start (killed in the job's first
     # second): hydra names a pid that is no started rank's sentinel, and exits with 9
