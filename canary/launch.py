@@ -214,6 +214,18 @@ def banner_returncode(code: int) -> int:
     return code
 
 
+def _what_to_check(returncode: int) -> str:
+    """What a user should look into when a process of the job (one whose end is surely the
+    first: not one of those MPI killed after it) ended as ``returncode`` says: for SIGKILL
+    (``"; ..."``, to follow the line's account of it), the kernel's out-of-memory killer; ``""``
+    for anything else."""
+    if returncode != -signal.SIGKILL:
+        return ""
+    return ("; a SIGKILL no one sent most often comes from the kernel's out-of-memory killer: "
+            "`dmesg` on that host says whether it killed the process, and if it did, the job "
+            "needs more memory than the host had free")
+
+
 @dataclass
 class _Held:
     line: bytes
@@ -552,13 +564,16 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
                 lines.append(f"canary: {name(failed[0])} exited with status {status}")
             return status, lines
         for r in died:
-            lines.append(f"canary: {name(r)} {how_it_ended(rec.gone[r].returncode)[0]} "
-                         "before the job finished")
+            returncode = rec.gone[r].returncode
+            lines.append(f"canary: {name(r)} {how_it_ended(returncode)[0]} before the job "
+                         f"finished{_what_to_check(returncode)}")
         return status, lines
     if died:
         first = died[0]
-        phrase, status = how_it_ended(rec.gone[first].returncode)
-        line = f"canary: {name(first)} {phrase} before the job finished; {_lost(end)}"
+        returncode = rec.gone[first].returncode
+        phrase, status = how_it_ended(returncode)
+        line = (f"canary: {name(first)} {phrase} before the job finished"
+                f"{_what_to_check(returncode)}; {_lost(end)}")
         if len(died) > 1:
             line += f" ({', '.join(role(r) for r in died[1:])} ended too)"
         return status, [line]
@@ -578,11 +593,13 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     sentinel = killed_sentinel(end)
     if sentinel is not None:
         rank, code = sentinel
-        phrase, status = how_it_ended(banner_returncode(code))
+        returncode = banner_returncode(code)
+        phrase, status = how_it_ended(returncode)
         if rank is not None:
             return status, [f"canary: the sentinel (pid {rec.starts[rank].sentinel}) of "
                             f"{name(rank)} {phrase} before the job finished, so how its rank "
-                            f"ended is not known; {_lost(end)}"]
+                            f"ended is not known{_what_to_check(returncode)}; {_lost(end)}"]
+        # no advice on a SIGKILL here: it may be hydra's own, sent once another process ended
         host = end.bad_end[1] if end.bad_end is not None else end.host
         where = "" if host == end.host else f" on {host}"
         return status, [f"canary: a rank's sentinel{where} {phrase} before the job finished, so "

@@ -182,13 +182,23 @@ def test_a_rank_lost_before_the_first_snapshot_says_so_not_to_use_checkpoint(
         "comes --checkpoint-every seconds into the run)")
 
 
+# what a line that names a process killed by SIGKILL says to look into
+OUT_OF_MEMORY = ("; a SIGKILL no one sent most often comes from the kernel's out-of-memory "
+                 "killer: `dmesg` on that host says whether it killed the process, and if it "
+                 "did, the job needs more memory than the host had free")
+
+
 def test_the_rank_that_died_first_is_named_with_its_signal() -> None:
     rec = records(gone={0: (-9, 7.0), 2: (-9, 5.0)})  # both seen going; rank 2 first
     status, lines = verdict(end(rec, 9))
     assert status == 128 + 9
+    # and, for SIGKILL, what to look into (it said nothing of the out-of-memory killer)
     assert lines[0].startswith("canary: rank 2 (worker 1, pid 102) was killed by SIGKILL before "
-                               "the job finished; the job's results are lost")
+                               f"the job finished{OUT_OF_MEMORY}; the job's results are lost")
     assert lines[0].endswith("(rank 0 (controller) ended too)")
+    segv = verdict(end(records(gone={2: (-11, 5.0)}), 11))[1][0]
+    assert segv == f"canary: rank 2 (worker 1, pid 102) was killed by SIGSEGV before the job " \
+        f"finished; {LOST}"
     assert how_it_ended(-11) == ("was killed by SIGSEGV", 139)
     assert how_it_ended(3) == ("exited with status 3", 3)
 
@@ -312,8 +322,9 @@ def test_a_killed_sentinel_is_named_only_where_hydra_surely_means_it() -> None:
     apart = RunRecords({r: RankStart(r, 100 + r, h, "1", 200 + r)
                         for r, h in enumerate(["here", "b", "c"])}, {}, {})
     assert launch.killed_sentinel(end(apart, 9, bad_end=(202, "c", 9), ranks=3)) == (2, 9)
-    assert verdict(end(apart, 9, bad_end=(202, "c", 9), ranks=3))[1][0].startswith(
-        "canary: the sentinel (pid 202) of rank 2 (worker 1, pid 102 on c) was killed by SIGKILL")
+    assert verdict(end(apart, 9, bad_end=(202, "c", 9), ranks=3))[1] == [
+        "canary: the sentinel (pid 202) of rank 2 (worker 1, pid 102 on c) was killed by SIGKILL "
+        f"before the job finished, so how its rank ended is not known{OUT_OF_MEMORY}; {LOST}"]
     # ... unless a rank that had not started may have run there too
     assert launch.killed_sentinel(end(apart, 9, bad_end=(202, "c", 9), ranks=4)) == (None, 9)
     assert verdict(end(apart, 9, bad_end=(202, "c", 9), ranks=4))[1][0].startswith(
@@ -1003,7 +1014,7 @@ def test_a_killed_worker_is_named_with_its_signal(long_job: LongJob) -> None:
     assert status == 128 + signal.SIGKILL
     # (the controller may have complained of the lost peer before MPI killed it: the last word)
     assert err.splitlines()[-1] == (f"canary: rank 2 (worker 1, pid {victim}) was killed by "
-                                    f"SIGKILL before the job finished; {LOST}")
+                                    f"SIGKILL before the job finished{OUT_OF_MEMORY}; {LOST}")
     assert long_job.leftovers() == {}
 
 
