@@ -206,3 +206,27 @@ def test_hfsp_queue_forgets_jobs_once_their_items_finish() -> None:
     assert popped is it
     q.task_finished(it, 1.0, 1.0)
     assert 7 not in q.jobs
+
+
+def test_hfsp_queue_a_job_whose_tasks_come_back_is_in_the_virtual_system_once() -> None:
+    # One slot; job 7 has 2 tasks, estimated at 4. Its first task runs here from 0 to 1, and the
+    # worker, having run all it had of the job, lets it go as finished: it stays in the virtual
+    # system to its virtual finish (PSBS). Its second task comes at t=1, still the same job: one
+    # job in the virtual system, so V grows at capacity / 1 = 1 a second and the job leaves it
+    # at V = 4, t = 4, once. Registered a second time, the two halves of it would share the
+    # virtual system at 1/2 each from t=1 and V(3) would be 2.
+    q = HfspQueue("hfsp", capacity=1.0)
+    hfsp = q.jobs
+    assert isinstance(hfsp, HfspJobs)
+    first, second = (Item(job=7, job_tasks=2, size_hint=4.0, payload=i) for i in range(2))
+    q.push(first, 0.0)
+    assert q.pop(0.0) is first
+    q.task_finished(first, 1.0, 1.0)
+    assert 7 not in hfsp and hfsp.virtual_jobs == 1
+    q.push(second, 1.0)
+    assert hfsp.virtual_jobs == 1
+    assert hfsp.virtual_time(3.0) == pytest.approx(3.0)
+    assert q.pop(3.0) is second
+    q.task_finished(second, 3.5, 0.5)
+    assert 7 not in hfsp and hfsp.virtual_jobs == 1
+    assert hfsp.virtual_time(5.0) == pytest.approx(4.0) and hfsp.virtual_jobs == 0

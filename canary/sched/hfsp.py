@@ -304,6 +304,13 @@ class HfspJobs(_Base):
     would leave PS: it will never be served again, and a share kept for it
     would slow virtual time for the others, so that newcomers would arrive at
     an earlier virtual time and pass them.
+
+    A job registered again while it is still in the virtual system after being removed as
+    finished is the same job with more tasks (a worker that ran every task of it it had got,
+    then got another): it takes up its place again -- virtual finish, service and task
+    counts -- instead of joining the virtual system a second time. So a job is in the
+    virtual system once while it has work here, and leaves it once. Past its virtual finish
+    it is no longer remembered, and a registration is a new job.
     """
 
     name = "hfsp"
@@ -318,6 +325,8 @@ class HfspJobs(_Base):
         self._v = 0.0  # virtual service each virtual job has received
         self._t = 0.0
         self._nv = 0
+        # removed as finished, not yet at their virtual finish: they may get more tasks
+        self._finished_ahead: dict[int, _Job] = {}
         self._vheap: list[tuple[float, int, int, _Job]] = []  # virtual completions
         self._rheap: list[tuple[float, int, int, _Job]] = []  # non-late, by vfinish
         # late, by running tasks, then by service since it became late
@@ -346,8 +355,11 @@ class HfspJobs(_Base):
 
     def _virtual_done(self, j: _Job) -> None:
         j.vdone = True
-        # still running for real: it is late (a finished job's id may be registered again)
-        if self._jobs.get(j.job) is j:
+        if self._finished_ahead.get(j.job) is j:
+            del self._finished_ahead[j.job]
+        # still running for real: it is late (the id of a job that ran all its tasks, or was
+        # withdrawn, may be registered again, as another job)
+        elif self._jobs.get(j.job) is j:
             j.late = True
             j.late_from = j.attained
             self._push_late(j)
@@ -364,6 +376,32 @@ class HfspJobs(_Base):
 
     def _push_real(self, j: _Job) -> None:
         heapq.heappush(self._rheap, (j.vfinish, j.seq, j.version, j))
+
+    def add_job(
+        self,
+        job: int,
+        num_tasks: int,
+        now: float,
+        estimate: float | None = None,
+        pending: int | None = None,
+    ) -> None:
+        """As :meth:`_Base.add_job`, except for a job removed as finished that is still in the
+        virtual system: it comes back as it was, ``pending`` (default: its tasks not yet run)
+        of its tasks runnable; ``num_tasks`` and ``estimate`` are those it was first given."""
+        self._clock(now)
+        self._advance(now)  # it may have reached its virtual finish by now, and so have left
+        j = self._finished_ahead.get(job)
+        if j is None:
+            super().add_job(job, num_tasks, now, estimate, pending)
+            return
+        not_run = j.num_tasks - j.running - j.finished
+        pend = not_run if pending is None else pending
+        if not 0 <= pend <= not_run:
+            raise ValueError(f"pending must be in 0..{not_run}, got {pend}")
+        del self._finished_ahead[job]
+        self._jobs[job] = j
+        if pend:
+            self.add_tasks(job, pend)
 
     def _on_add(self, j: _Job) -> None:
         self._advance(self._now)
@@ -413,7 +451,10 @@ class HfspJobs(_Base):
             self._advance(self._now)
 
     def _on_remove(self, j: _Job, finished: bool) -> None:
-        if finished or j.vdone:
+        if j.vdone:
+            return
+        if finished:
+            self._finished_ahead[j.job] = j
             return
         # Withdrawn: it leaves PS now. Run the virtual system to now with it first, since it
         # shared the slots until now; its heap entries are skipped once it is vdone.
