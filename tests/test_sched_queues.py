@@ -1,5 +1,7 @@
 """Worker queue policies on hand-computed sequences."""
 
+import random
+
 import pytest
 
 from canary.sched.hfsp import HfspJobs, HfspQueue, SrptJobs
@@ -175,3 +177,30 @@ def test_wfq_discard_never_moves_a_tag_before_the_virtual_time() -> None:
     q.push(Item(job=8, user=1, payload="z"), 0.0)  # tag 2
     q.push(Item(job=2, user=0, payload="c"), 0.0)  # tag 1
     assert drain(q) == ["b", "c", "z"]
+
+
+def test_wfq_charged_by_cost_serves_as_a_heap_of_every_item_would() -> None:
+    # Charged by cost the queue keeps only each user's first item by its tag, the others in
+    # push order; charged as measured, with no item finished, it keeps every item by its tag,
+    # as the definition reads. The two must serve the same items in the same order and agree on
+    # V and the finish tags through any pushes, pops and discards. Costs and weights are powers
+    # of two, so the tags add up exactly either way and ties fall the same.
+    for seed in range(200):
+        rng = random.Random(seed)
+        weights = {user: rng.choice([0.5, 1.0, 2.0, 4.0]) for user in range(3)}
+        by_cost = WeightedFairQueue(weights)
+        every_item = WeightedFairQueue(weights, charge="measured")
+        for _ in range(60):
+            step = rng.random()
+            if step < 0.5:
+                item = Item(job=rng.randrange(6), user=rng.randrange(3),
+                            cost=rng.choice([0.0, 0.25, 1.0, 2.0]))
+                by_cost.push(item, 0.0)
+                every_item.push(item, 0.0)
+            elif step < 0.8:
+                assert by_cost.pop(0.0) is every_item.pop(0.0)
+            else:
+                job = rng.randrange(6)
+                assert by_cost.discard(job) == every_item.discard(job)
+            assert len(by_cost) == len(every_item)
+            assert by_cost._v == every_item._v and by_cost._finish == every_item._finish

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from canary.sched.hfsp import HfspQueue
@@ -111,6 +112,16 @@ class PriorityQueue:
         return dropped
 
 
+@dataclass(slots=True, eq=False)
+class _Queued:
+    """An item in a :class:`WeightedFairQueue` charged by cost, and what its push charged."""
+
+    item: Item
+    seq: int  # push order
+    charge: float  # what its push added to its user's finish tag
+    dropped: bool = False
+
+
 class WeightedFairQueue:
     """Weighted fair sharing across users (start-time fair queuing).
 
@@ -127,6 +138,12 @@ class WeightedFairQueue:
     duration)`` moves the user's finish tag by ``(duration - item.cost) / w``, so ``cost``
     is only an estimate for ordering the items pushed before it finished (a pool's worker
     knows a task's seconds only once it ran).
+
+    Charged by cost, a user's queued items follow one another without a gap: each starts where
+    the one before it ends, the first no earlier than ``V``. So only each user's first item is
+    kept by tag, the others in push order, and :meth:`discard` costs the items it drops, not
+    the length of the queue. Charged as measured, a finished item moves its user's finish tag
+    and the next push may start before items already queued, so every item is kept by its tag.
     """
 
     name = "fair"
@@ -143,8 +160,18 @@ class WeightedFairQueue:
             if not w > 0:
                 raise ValueError(f"weights must be > 0, got {w} for user {u}")
         self.default_weight = default_weight
-        # (start tag, push order, item, what its push added to its user's finish tag)
+        # charge="measured": (start tag, push order, item, what its push added to its user's
+        # finish tag)
         self._heap: list[tuple[float, int, Item, float]] = []
+        # charge="cost": each user's queued items in push order, its first one not dropped (a
+        # dropped one stays in place until it comes first); each user's first item's (start
+        # tag, push order), and those in a heap with the user, where stale ones are skipped;
+        # each job's queued items, for discard
+        self._chains: dict[int, deque[_Queued]] = {}
+        self._first: dict[int, tuple[float, int]] = {}
+        self._firsts: list[tuple[float, int, int]] = []
+        self._of_job: dict[int, list[_Queued]] = {}
+        self._queued = 0
         self._finish: dict[int, float] = {}
         self._v = 0.0
         self._seq = 0
@@ -156,17 +183,56 @@ class WeightedFairQueue:
         start = max(self._v, self._finish.get(item.user, 0.0))
         self._finish[item.user] = start + item.cost / w
         self._seq += 1
-        heapq.heappush(self._heap, (start, self._seq, item, item.cost / w))
+        if self.charge == "measured":
+            heapq.heappush(self._heap, (start, self._seq, item, item.cost / w))
+            return
+        queued = _Queued(item, self._seq, item.cost / w)
+        chain = self._chains.setdefault(item.user, deque())
+        if not chain:
+            self._set_first(item.user, start, self._seq)
+        # else it starts where the user's queued items end: at its finish tag, as computed
+        chain.append(queued)
+        self._of_job.setdefault(item.job, []).append(queued)
+        self._queued += 1
 
     def pop(self, now: float) -> Item | None:
-        if not self._heap:
-            return None
-        start, _, item, _ = heapq.heappop(self._heap)
-        self._v = start
-        return item
+        if self.charge == "measured":
+            if not self._heap:
+                return None
+            start, _, item, _ = heapq.heappop(self._heap)
+            self._v = start
+            return item
+        while self._firsts:
+            start, seq, user = heapq.heappop(self._firsts)
+            if self._first.get(user) != (start, seq):
+                continue
+            queued = self._chains[user].popleft()
+            of_job = self._of_job[queued.item.job]
+            of_job.remove(queued)
+            if not of_job:
+                del self._of_job[queued.item.job]
+            self._queued -= 1
+            self._v = start
+            self._next_first(user, start + queued.charge)
+            return queued.item
+        return None
+
+    def _set_first(self, user: int, start: float, seq: int) -> None:
+        self._first[user] = (start, seq)
+        heapq.heappush(self._firsts, (start, seq, user))
+
+    def _next_first(self, user: int, start: float) -> None:
+        """The user's first item is gone: the next one not dropped comes first, at ``start``."""
+        chain = self._chains[user]
+        while chain and chain[0].dropped:
+            chain.popleft()
+        if chain:
+            self._set_first(user, start, chain[0].seq)
+        else:
+            del self._chains[user], self._first[user]
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._heap) if self.charge == "measured" else self._queued
 
     def task_finished(self, item: Item, now: float, duration: float) -> None:
         if self.charge == "measured" and item.user in self._finish:
@@ -188,6 +254,8 @@ class WeightedFairQueue:
         """
         # Why: left charged, each cancel of a job with a task queued cost its user one task's
         # turn; under churn the users whose jobs were cancelled more fell below their weights.
+        if self.charge == "cost":
+            return self._discard_from_chains(job)
         entries = sorted(self._heap, key=lambda e: e[1])  # push order: a user's chain of tags
         back: dict[int, float] = {}  # user -> charge of its items dropped so far in the walk
         kept: list[tuple[float, int, Item, float]] = []
@@ -205,6 +273,19 @@ class WeightedFairQueue:
         heapq.heapify(kept)
         self._heap = kept
         return len(entries) - len(kept)
+
+    def _discard_from_chains(self, job: int) -> int:
+        # A dropped item is skipped when the items before it are popped, so the ones after it
+        # start that much earlier; none can go before V, as the chain starts no earlier.
+        dropped = self._of_job.pop(job, [])
+        for queued in dropped:
+            queued.dropped = True
+            self._finish[queued.item.user] -= queued.charge
+        self._queued -= len(dropped)
+        for user in {queued.item.user for queued in dropped}:
+            if self._chains[user][0].dropped:
+                self._next_first(user, self._first[user][0])
+        return len(dropped)
 
 
 QUEUE_POLICIES = ("fifo", "priority", "fair", "hfsp")
