@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from canary.sched.placement import BatchLateBinding, BatchSampling, PerTaskSampling, RandomPlacement
-from canary.sched.queues import PriorityQueue
+from canary.sched.queues import PriorityQueue, WeightedFairQueue
 from canary.sim.cluster import JobSet, poisson_jobs, simulate_cluster
 
 
@@ -124,3 +124,25 @@ def test_hfsp_worker_queue_runs_small_jobs_first() -> None:
     assert r.finish.tolist() == [6.0, 2.0]
     fifo = simulate_cluster(js, RandomPlacement(), 1, 1, rtt=0.0)
     assert fifo.finish.tolist() == [5.0, 6.0]
+
+
+@pytest.mark.parametrize("a_first", [True, False])
+def test_fair_queue_is_not_charged_for_cancelled_reservations(a_first: bool) -> None:
+    # One worker, one slot, no network delay, equal weights, d = 2: each task has two
+    # reservations here, and those still queued when a job's last task launches are cancelled.
+    # A (user 0, one task) and B (user 1, three tasks) come at t=0; the worker runs A, B, B or
+    # B, A, B, a task a second (B first: A's cancelled reservation is queued until the
+    # cancellation drops it). A cancelled reservation never runs, so at t=3 user 0 has been
+    # served one task and user 1 two. C (user 0) came at 2.5, and start-time fair queuing
+    # tagged it max(V, F_0) = 1 (V = 1, B's second task; F_0 = A's one task), ahead of B's
+    # third reservation (tag 2): C runs 3-4 and B's last task 4-5. Were A's cancelled
+    # reservation charged, F_0 would be 2 and B would pass C.
+    a, b = ([1.0], 0), ([1.0] * 3, 1)
+    first, second = (a, b) if a_first else (b, a)
+    js = jobs([0.0, 0.0, 2.5], [first[0], second[0], [1.0]], users=[first[1], second[1], 0])
+    r = simulate_cluster(
+        js, BatchLateBinding(2), 1, 1, rtt=0.0,
+        queue_factory=lambda: WeightedFairQueue({0: 1.0, 1: 1.0}),
+    )
+    finish_b = r.finish[1 if a_first else 0]
+    assert (finish_b, r.finish[2]) == (5.0, 4.0)

@@ -17,8 +17,13 @@ Timing model (all network hops take ``rtt / 2``):
   back one ``rtt`` later.  Because every hop has the same delay, requests
   reach the scheduler in the order they were sent, so the simulator asks the
   plan at send time -- the same answers the scheduler would give on arrival.
-  Cancellations reach workers one ``rtt`` after the last task was handed out;
-  a worker that pops a cancelled reservation drops it for free.
+  Cancellations reach workers one ``rtt`` after the last task was handed out.
+  A worker with a :class:`~canary.sched.queues.WeightedFairQueue` drops the
+  job's reservations as the cancellation arrives, so that the queue gives back
+  what their pushes charged (they never ran); with any other queue a worker
+  drops a cancelled reservation for free when it pops it, which changes no
+  other item's turn. A reservation that arrives with its job's cancellation
+  (``rtt = 0``) is not queued at all.
 
 The event queue is a binary heap of ``(time, seq, kind, a, b)`` tuples; ties
 are broken by insertion order so runs are deterministic for a given seed.
@@ -40,7 +45,7 @@ from canary.sched.placement import (
     PerTaskSampling,
     RandomPlacement,
 )
-from canary.sched.queues import FifoQueue, Item, WorkerQueue
+from canary.sched.queues import FifoQueue, Item, WeightedFairQueue, WorkerQueue
 
 __all__ = ["ClusterResult", "JobSet", "poisson_jobs", "simulate_cluster"]
 
@@ -194,6 +199,11 @@ def simulate_cluster(
     queues = [queue_factory() for _ in range(num_workers)]
     busy = [0] * num_workers
     load = np.zeros(num_workers, dtype=np.int64)  # queued + running, what a probe reads
+    fair_queues = [q for q in queues if isinstance(q, WeightedFairQueue)]
+    cancel_on_arrival = len(fair_queues) == num_workers
+    # cancellations on their way: (time they reach the workers, seq, job, the workers still
+    # holding its reservations); only kept for fair queues
+    cancels: list[tuple[float, int, int, list[int]]] = []
     js = [
         _Job(jobs.durations[i], int(jobs.user[i]), int(jobs.priority[i]), float(jobs.arrival[i]))
         for i in range(n_jobs)
@@ -211,11 +221,21 @@ def simulate_cluster(
     t_user: list[int] = []
     events = 0
 
+    def deliver_cancellations(now: float) -> None:
+        # Called before any push or pop: a queue must see a cancellation from its time on, or a
+        # pop could serve a cancelled reservation and a push be tagged behind one.
+        while cancels and cancels[0][0] <= now:
+            _, _, job_id, holders = pop(cancels)
+            for holder in holders:
+                load[holder] -= fair_queues[holder].discard(job_id)
+
     def serve(w: int, now: float) -> None:
         # Fill free slots of worker w from its queue.
         nonlocal seq
         q = queues[w]
         while busy[w] < slots:
+            if cancels:
+                deliver_cancellations(now)
             item = q.pop(now)
             if item is None:
                 return
@@ -229,8 +249,11 @@ def simulate_cluster(
                 busy[w] += 1
                 t = plan.request(w)
                 if plan.all_launched and job.cancel_at == float("inf"):
-                    plan.cancellations()
+                    holders = plan.cancellations()
                     job.cancel_at = now + rtt
+                    if cancel_on_arrival:
+                        push(cancels, (job.cancel_at, seq, item.job, holders))
+                        seq += 1
                 if t is None:
                     push(heap, (now + rtt, seq, _NOOP, w, item))
                     seq += 1
@@ -257,6 +280,8 @@ def simulate_cluster(
     while heap:
         now, _, kind, a, b = pop(heap)
         events += 1
+        if cancels:
+            deliver_cancellations(now)
         if kind == _FINISH:
             w = a
             fin_item: Item = b[0]  # type: ignore[index]
@@ -304,9 +329,12 @@ def simulate_cluster(
             job = js[a]
             lplan = job.plan
             assert isinstance(lplan, LateBindingPlan)
-            res = lplan.reservations
-            np.add.at(load, res, 1)
-            for w in res.tolist():
+            for w in lplan.reservations.tolist():
+                if now >= job.cancel_at:
+                    # at rtt 0 the first reservations launched every task: the rest would
+                    # reach their workers with the cancellation
+                    break
+                load[w] += 1
                 queues[w].push(Item(a, job.user, job.prio, 1.0, job.durs.size, None, None), now)
                 if busy[w] < slots:
                     serve(w, now)
