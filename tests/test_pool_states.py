@@ -851,3 +851,34 @@ def test_rank_0_keeps_nothing_of_a_cancelled_job_once_it_ended(tmp_path: Path) -
         host._cancel(job, f"its submitter (pid {job}) went away")
         assert host.spool.status_file(job).read_text().count('"cancelled"') == 1
     assert host.cancelled == {} and host.status == {} and host.state.jobs == {}
+
+
+def test_a_unit_running_when_its_job_is_cancelled_is_charged_the_seconds_it_ran() -> None:
+    """Users of equal weight: user 0 runs one 2 s task per job and cancels each job while
+    that task runs (a job that failed, a `canary pool cancel`), then submits the next; user 1
+    runs 1 s tasks. A unit is queued at its job's last task seconds (a new job's: 1 ms) and
+    corrected when it finished; the queue forgot a removed job's running units, so the
+    correction never came: user 0 was charged 1 ms for each 2 s and took all but 0.1% of the
+    core instead of half."""
+    q = JobQueue("fair")
+    q.add_job(1, 1, 0, 1.0, 0.0)
+    q.push(1, None, 0.0)
+    used, now, job = {0: 0.0, 1: 0.0}, 0.0, 10
+    q.add_job(job, 0, 0, 1.0, now)
+    q.push(job, None, now)
+    for _ in range(600):
+        got = q.pop(now)
+        assert got is not None
+        key = got[0]
+        seconds = 1.0 if key == 1 else 2.0
+        if key != 1:  # cancelled while its task runs, and the user's next job submitted
+            assert q.remove_job(key, now) == []
+            job += 1
+            q.add_job(job, 0, 0, 1.0, now)
+            q.push(job, None, now)
+        now += seconds
+        used[int(key == 1)] += seconds
+        q.finished(key, seconds, now)
+        if key == 1:
+            q.push(key, None, now)
+    assert used[0] / (used[0] + used[1]) == pytest.approx(0.5, abs=0.02)

@@ -152,6 +152,8 @@ class JobQueue:
         self._cost: dict[int, float] = {}  # key -> seconds its last unit took (fair)
         self._running: dict[int, int] = {}  # key -> popped units not yet finished
         self._popped: dict[int, deque[Item]] = {}  # key -> its popped items (fair, priority)
+        # removed key -> its popped items still running: the fair queue charges what they ran
+        self._removed_running: dict[int, deque[Item]] = {}
         self._weighed: dict[int, int] = {}  # user -> the job that set its weight (fair)
         self._n = 0
 
@@ -207,8 +209,16 @@ class JobQueue:
         return key, self._units[key].popleft()
 
     def finished(self, key: int, seconds: float, now: float) -> None:
-        """A popped unit of ``key`` ran ``seconds`` (nothing if ``key`` was removed since)."""
+        """A popped unit of ``key`` ran ``seconds``. If ``key`` was removed since, the fair queue
+        still charges its user the seconds (it was queued at an estimate), and nothing else
+        changes."""
         if key not in self._meta:
+            gone = self._removed_running.get(key)
+            if gone:
+                assert self._items is not None
+                self._items.task_finished(gone.popleft(), now, seconds)
+                if not gone:
+                    del self._removed_running[key]
             return
         self._running[key] -= 1
         self._cost[key] = max(seconds, 1e-6)
@@ -237,7 +247,9 @@ class JobQueue:
             return []
         del self._meta[key]
         self._running.pop(key)
-        self._popped.pop(key)
+        popped = self._popped.pop(key)
+        if popped and self._items is not None:
+            self._removed_running[key] = popped
         self._cost.pop(key, None)
         units = list(self._units.pop(key))
         self._n -= len(units)
