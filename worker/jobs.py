@@ -25,8 +25,8 @@ One :class:`~canary.worker.state.WorkerState` per job runs that job exactly as u
   prints progress lines) each job's state here sends its load report, as under ``canary run``:
   its position, for the job's progress lines on rank 0. Its clock is the job's (seconds since
   it was declared here); the idle and CPU seconds are the rank's, which its jobs share. The
-  reports do not size a job's run-ahead window: it stays at its most (``config.window``), as
-  before a pool's jobs reported.
+  reports do not size a job's run-ahead window: it stays at its most (``config.window``),
+  since the pace it would be sized from is shared with the other jobs on the core.
 
 Nothing here reads a clock: ``now`` comes with every event (seconds, never decreasing).
 """
