@@ -229,7 +229,18 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert r.returncode == 0, r.stderr
     assert "done on 2 workers" in r.stdout and "placed on worker(s)" in r.stdout
     r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "fail", out)
-    assert r.returncode == 1 and "failed" in r.stderr
+    # stdout elsewhere: stderr says the error whole
+    assert r.returncode == 1 and "ValueError: the kernel failed on purpose" in r.stderr
+    # stdout and stderr in one place, as in a terminal: the kernel's traceback once, in the
+    # job's log; the last line only says the job failed
+    both = subprocess.run([sys.executable, "-m", "canary.cli", "submit", "--cluster",
+                           str(pool_dir), "--wait", driver, "4", "1.0", "fail", out], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=150, env=mpiexec_env(120, str(ROOT)))
+    said = both.stdout
+    assert both.returncode == 1
+    assert said.count("ValueError: the kernel failed on purpose") == 1, said
+    assert said.rstrip().endswith("canary: job 3 failed (TaskError, said above)"), said
     r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "mismatch",
                out)
     assert r.returncode == 1 and "declared a different program" in r.stderr
@@ -242,7 +253,7 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert "placed on worker(s)" in waiter.stdout.readline().decode()
     waiter.kill()
     waiter.wait(30)
-    st = client.wait(4, pool_dir, timeout=60)
+    st = client.wait(5, pool_dir, timeout=60)
     assert st["state"] == "cancelled" and "its submitter" in st["error"]
     # one stopped with SIGTERM cancels it and says so, as Ctrl-C does (it said nothing)
     waiter = subprocess.Popen([sys.executable, "-m", "canary.cli", "submit", "--cluster",
@@ -253,8 +264,8 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert "placed on worker(s)" in waiter.stdout.readline().decode()
     waiter.terminate()
     assert waiter.wait(30) == 128 + signal.SIGTERM
-    assert "canary: job 5 cancelled" in waiter.stderr.read().decode()
-    assert client.wait(5, pool_dir, timeout=60)["state"] == "cancelled"
+    assert "canary: job 6 cancelled" in waiter.stderr.read().decode()
+    assert client.wait(6, pool_dir, timeout=60)["state"] == "cancelled"
     r = canary("submit", "--cluster", str(pool_dir), "--wait", driver, "4", "1.0", "twice", out)
     said = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in said, said
@@ -272,7 +283,7 @@ def test_the_commands_work_end_to_end(driver: str, pool_dir: Path, tmp_path: Pat
     assert r.returncode == 0 and " done " in r.stdout and " failed " in r.stdout
     r = canary("cluster", "status", "--cluster", str(pool_dir))
     assert "pool ready: 2 worker(s)" in r.stdout
-    assert "2 cancelled, 1 done, 4 failed" in r.stdout, r.stdout
+    assert "2 cancelled, 1 done, 5 failed" in r.stdout, r.stdout
     r = canary("logs", "99", "--cluster", str(pool_dir))
     assert r.returncode == 2 and "no job 99 in the pool" in r.stderr
     # two users' pkg/job.py: the second ran the first's code, with its answer

@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import TextIO
 
 from canary.pool import client
 from canary.pool.spool import DIR_ENV, default_dir
@@ -79,6 +80,30 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _unless_shown(error: str | None, shown: list[str]) -> str:
+    """What follows ``failed`` in the last line of ``submit --wait`` on stderr: ``: `` and
+    ``error`` (``"TaskError: rank 2 ..."``), or, when the job's log printed above on stdout
+    already said it and stdout is where stderr goes (one terminal, one file), only the kind of
+    error and that it is above: a kernel's traceback once is enough. Where stdout goes
+    elsewhere (``> out.txt``), stderr says it whole."""
+    text = str(error)
+    kind, sep, body = text.partition(": ")
+    if not (sep and kind.isidentifier()):
+        kind, body = "", text
+    if body.strip() and body.strip() in "".join(shown) and _same_file(sys.stdout, sys.stderr):
+        return f" ({kind}, said above)" if kind else " (said above)"
+    return f": {text}"
+
+
+def _same_file(a: TextIO, b: TextIO) -> bool:
+    """Whether streams ``a`` and ``b`` write to one file (a terminal, a pipe, a file)."""
+    try:
+        sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
 def main(argv: list[str], find_mpiexec: Callable[[], str],
          pool_env: Callable[[], Mapping[str, str]]) -> int:
     """Run one pool command; ``find_mpiexec`` and ``pool_env`` give the launcher and the
@@ -145,8 +170,14 @@ def _dispatch(args: argparse.Namespace, find_mpiexec: Callable[[], str],
 
         # SIGTERM and SIGHUP end the wait as Ctrl-C does: the job is cancelled, and said to be
         handlers = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        shown: list[str] = []  # the job's log as printed, to say its error once
+
+        def follow(text: str) -> None:
+            print(text, end="", flush=True)
+            shown.append(text)
+
         try:
-            st = client.wait(job, root, follow=lambda text: print(text, end="", flush=True))
+            st = client.wait(job, root, follow=follow)
         except (KeyboardInterrupt, _Stopped) as exc:
             client.cancel(job, root)
             print(f"canary: job {job} cancelled", file=sys.stderr)
@@ -155,7 +186,8 @@ def _dispatch(args: argparse.Namespace, find_mpiexec: Callable[[], str],
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
         if st["state"] != "done":
-            print(f"canary: job {job} {st['state']}: {st.get('error')}", file=sys.stderr)
+            print(f"canary: job {job} {st['state']}{_unless_shown(st.get('error'), shown)}",
+                  file=sys.stderr)
         if st["state"] == "lost":
             return 1
         return int(st.get("exit_code", 1))
