@@ -524,11 +524,10 @@ def run_callback(ins: Callback) -> str | None:
     try:
         ins.fn(ins.event)
     except Exception as exc:  # noqa: BLE001 - the driver's code: its failure ends the job
-        import traceback
+        from canary.sites import user_traceback
 
         ev = ins.event
-        tb = exc.__traceback__
-        why = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
+        why = user_traceback(exc)
         at = f", declared at {ins.site}" if ins.site else ""
         return (f"rank 0 (controller): report '{ev.name}' of '{ev.dataset}' (iteration "
                 f"{ev.iteration}{at}), its callback failed:\n{why.rstrip()}")

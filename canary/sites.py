@@ -38,6 +38,34 @@ def declared_at(sites: Sequence[str], k: int) -> str:
     return f", declared at {site}" if site else ""
 
 
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` as :func:`traceback.format_exception` words it, less the
+    outermost frames that are canary's own (the worker's runtime that called the user's
+    kernel, loader, gather or callback): a user reads it from their own code. The innermost
+    frame is kept even when canary's."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _own(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _own(filename: str) -> bool:
+    """Whether ``filename`` is canary's: its package, and ``canary.worker`` and
+    ``canary.controller``, which an editable install keeps in folders of their own."""
+    return os.path.abspath(filename).startswith(_own_dirs())
+
+
+@functools.lru_cache(maxsize=1)
+def _own_dirs() -> tuple[str, ...]:
+    import canary.controller
+    import canary.worker
+
+    return (_CANARY_DIR, *(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep
+                           for m in (canary.worker, canary.controller)))
+
+
 def call_site(exc: BaseException) -> str:
     """``file:line`` of the statement outside canary's package and ``contextlib`` whose call
     into canary raised ``exc``: the innermost such frame of its traceback (at the line the

@@ -83,8 +83,13 @@ def test_kernel_failure_raises_task_error_with_stage_and_partition(max_fused: in
         p.compute(bad, [x], [x], name="check")  # declared: check
     at = re.escape(declared_at("# declared: check"))
     with pytest.raises(TaskError, match=rf"stage 'check' \(id 2, iteration \(0,\), declared at "
-                                        rf"{at}\), compute task on partition 3"):
+                                        rf"{at}\), compute task on partition 3") as failed:
         canary.run_local(p, workers=2, max_fused=max_fused)
+    # the traceback begins at the kernel, not in the worker's runtime that called it
+    said = str(failed.value)
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', said)
+    assert [name for _, name in frames] == ["bad"], said
+    assert said.rstrip().endswith("ValueError: bad partition"), said
 
 
 def test_wrong_result_shape_is_reported_not_silently_used() -> None:

@@ -3,7 +3,6 @@ worker's own instruction :class:`RunTask`."""
 
 from __future__ import annotations
 
-import traceback
 from collections import deque
 from typing import Any
 
@@ -12,6 +11,7 @@ import numpy as np
 from canary.errors import CanaryError
 from canary.messages import Instruction
 from canary.program import Stage
+from canary.sites import user_traceback
 
 # Task kinds (a scatter-gather instance has scatter tasks and gather tasks).
 K_LOAD = "load"
@@ -59,8 +59,9 @@ class Task:
 def failure_text(rank: int, worker: int, label: str, exc: BaseException) -> str:
     """What a failed task says: where (rank, worker, the task's ``label``), then the user
     code's traceback, or only the message of canary's own errors, whose frames would say
-    nothing to the user. Call it while ``exc`` is being handled (the traceback is its)."""
-    why = str(exc) if isinstance(exc, CanaryError) else traceback.format_exc()
+    nothing to the user; the traceback begins at the user's code, not at the runtime that
+    called it (:func:`canary.sites.user_traceback`)."""
+    why = str(exc) if isinstance(exc, CanaryError) else user_traceback(exc)
     return f"{task_place(rank, worker, label)} failed:\n{why}"
 
 
