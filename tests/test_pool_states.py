@@ -337,6 +337,9 @@ def test_bad_queue_input_is_rejected_with_a_clear_error() -> None:
     q = JobQueue("fair")
     with pytest.raises(ValueError, match="weight must be > 0"):
         q.add_job(1, 0, 0, -1.0, 0.0)
+    # the in-process pool's message delays: a mean of 0 was a ZeroDivisionError
+    with pytest.raises(ValueError, match="mean_delay must be > 0"):
+        run_jobs_local([LocalJob(program("a", 2, 2))], mean_delay=0.0)
 
 
 def test_instance_bound_counts_loops_at_their_bounds() -> None:

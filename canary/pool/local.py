@@ -98,11 +98,14 @@ def run_jobs_local(jobs: Sequence[LocalJob], workers: int = 2, policy: str = "fa
     """Run ``jobs`` on a pool of ``workers`` simulated workers; return what each gave.
 
     Raises RuntimeError if the pool stops making progress before every job ended (an engine
-    bug) and ValueError for an unknown policy. ``validate`` checks every job state's
+    bug) and ValueError for an unknown policy or a ``mean_delay`` (the mean of a message's
+    seeded random delay, virtual seconds) that is not > 0. ``validate`` checks every job state's
     invariants after each event. A job whose report callback raises ends alone, with the
     :class:`canary.errors.TaskError` that ``canary.run_local`` raises for it (the report, its
     driver line, the traceback), as on a pool's host.
     """
+    if not mean_delay > 0:  # the delays are exponential: a mean of 0 draws nothing
+        raise ValueError(f"mean_delay must be > 0 (virtual seconds), got {mean_delay!r}")
     rng = random.Random(seed)
     ctrl = JobsController(workers, placement, seed=seed)
     config = config or WorkerConfig(adapt_fused=False)
