@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from canary.sched.hfsp import HfspQueue
 from canary.sched.placement import (
     BatchLateBinding,
     BatchSampling,
@@ -185,7 +186,10 @@ def simulate_cluster(
 
     Guarantees: deterministic for a given ``rng`` state; every task runs
     exactly once; a worker never runs more than ``slots`` tasks at a time.
-    Raises ValueError for ``num_workers < 1``, ``slots < 1`` or ``rtt < 0``.
+    Raises ValueError for ``num_workers < 1``, ``slots < 1`` or ``rtt < 0``, and for
+    :class:`~canary.sched.hfsp.HfspQueue` workers under late binding: a reservation that finds
+    no task left would count as a task of its job running for ever in the queue's size-based
+    policy, which has no way to take back a task it was told of.
     """
     if num_workers < 1 or slots < 1:
         raise ValueError(f"need num_workers >= 1 and slots >= 1, got {num_workers}, {slots}")
@@ -197,6 +201,10 @@ def simulate_cluster(
     late = placement.late_binding
     n_jobs = jobs.arrival.size
     queues = [queue_factory() for _ in range(num_workers)]
+    if late and any(isinstance(q, HfspQueue) for q in queues):
+        raise ValueError("HfspQueue workers need early binding (the tasks themselves queued): "
+                         "under late binding a reservation that finds no task left would stay "
+                         "a running task of its job in the size-based policy for ever")
     busy = [0] * num_workers
     load = np.zeros(num_workers, dtype=np.int64)  # queued + running, what a probe reads
     fair_queues = [q for q in queues if isinstance(q, WeightedFairQueue)]
