@@ -309,7 +309,8 @@ def run_virtual(program: Program, workers: int, network: Network,
                 validate: bool = False, max_events: int = 100_000_000,
                 on_task: Callable[[int, Task, float, float], None] | None = None,
                 runtime: Runtime | None = None, policy: Any = None, tick_s: float = 0.1,
-                slowdown: dict[int, float] | None = None) -> VirtualResult:
+                slowdown: dict[int, float] | None = None,
+                noise: Callable[[int, float], float] | None = None) -> VirtualResult:
     """Run ``program`` on ``workers`` virtual workers over ``network`` (see the module doc).
 
     ``cost(task, measured_s)`` gives a task's virtual seconds (default :class:`TaskCost`\\ ()),
@@ -323,7 +324,8 @@ def run_virtual(program: Program, workers: int, network: Network,
     move policy (:mod:`canary.controller.balance`; None: no partition moves), asked every
     ``tick_s`` virtual seconds, as over MPI; moved partitions cost the network their bytes.
     ``slowdown``: worker index to a factor its tasks' priced seconds are multiplied by (what
-    ``CANARY_SLOWDOWN`` does over MPI).
+    ``CANARY_SLOWDOWN`` does over MPI). ``noise(worker, start)``: a further factor for a task
+    that starts at virtual time ``start`` on that worker (a machine's passing slow spells).
     ``validate``: check every state's invariants and the cross-role one after each event.
     ``on_task(worker, task, start, end)`` is called for every task run, with its virtual start
     and end.
@@ -467,6 +469,8 @@ def run_virtual(program: Program, workers: int, network: Network,
             # same whatever the task stands for
             took = cost(task, ev.seconds if type(ev) is TaskDone and ev.seconds is not None
                         else 0.0) * states[w].config.slowdown + task_s
+            if noise is not None:
+                took *= noise(w, free_at[rank])
             if type(ev) is TaskDone:
                 ev.seconds = took
             st = stats[rank]

@@ -220,6 +220,22 @@ def test_the_balancing_policy_in_virtual_time_reaches_the_best_split_around_a_sl
     assert best <= late <= best * 1.02, (late, best)
 
 
+def test_noise_slows_a_worker_while_it_lasts() -> None:
+    # worker 1's tasks take twice as long from 0.1 virtual s on: each iteration then waits for
+    # its 2 partitions' gradients at 2 ms, against 1 ms before (a gradient costs 1 ms)
+    from benchmarks.straggler import gradient_cost
+
+    args = logistic_regression.parse_args(
+        ["--generate", "2000,6", "--max-iter", "100", "--tol", "1e-300", "--print-every", "0",
+         "--partitions", "4"])
+    run = run_virtual(logistic_regression.build(args, 2)[0], 2, NET, cost=gradient_cost,
+                      handle_s=2e-6, runtime=IDEAL,
+                      noise=lambda w, t: 2.0 if w == 1 and t >= 0.1 else 1.0)
+    times = run.iteration_seconds()
+    assert statistics.median(times[:20]) == pytest.approx(2e-3, rel=0.05)
+    assert statistics.median(times[-20:]) == pytest.approx(4e-3, rel=0.05)
+
+
 def test_a_slowdown_names_a_worker_and_a_factor_of_at_least_one() -> None:
     prog = logistic_regression.build(logistic_regression.parse_args(LR_ARGS), 2)[0]
     with pytest.raises(ValueError, match=r"slowdown \{2: 3.0\}: worker indices must be below 2"):
