@@ -33,15 +33,22 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    between tasks (smoothed). A partition's **work** is its cost times its holder's speed; on worker ``w``
    it would cost ``work / speed[w]``.
 3. The **ideal** load is the total work divided by the total speed: every worker busy alike.
-   The policy acts only when the busiest worker's load exceeds the ideal by more than
+   The policy acts only when a worker's load has exceeded the ideal by more than
    ``threshold`` (10%) in ``patience`` (3) consecutive decisions, each on fresh reports from
    every worker, and only once every worker has reported ``patience`` times; and only once
-   those decisions' excesses over the threshold add up to ``evidence`` (2.0). The more uneven
-   the load, the sooner: of two workers, one 3x slower (the busiest at twice the ideal) is
-   answered after ``patience`` rounds, one 2x slower after 5, 1.4x slower after 18, while
-   the spells of 1.2-1.6x slower tasks that come and go on a shared machine (3 to 10 rounds
-   at a time, measured on balanced runs) add up to less and move nothing. The evidence is the
-   time the imbalance has cost so far, in rounds, beyond what the threshold tolerates.
+   those decisions' excesses over the threshold add up to the evidence it needs: ``evidence``
+   (2.0) on two workers. The evidence is the time the imbalance has cost so far, in rounds,
+   beyond what the threshold tolerates; each worker gathers its own, so that spells on
+   different workers do not add up. The more uneven the load, the sooner: of two workers, one
+   3x slower (the busiest at twice the ideal) is answered after ``patience`` rounds, one 2x
+   slower after 5, 1.4x slower after 21, while the spells of 1.2-1.6x slower tasks that come
+   and go on a shared machine (3 to 10 rounds at a time, measured on balanced runs) add up to
+   less and move nothing. On more workers the others wait for a slower one, so the same spell
+   holds back more of the job (one worker ``f`` times slower: ``(f (W - 1) + 1) / W`` of the
+   ideal on ``W``); the evidence needed grows as a spell's cost does, from what a spell of
+   ``spell_factor`` (1.6) costs on two workers: 3.5 on 4 workers, 4.25 on 8, 4.6 on 16. So a
+   spell moves nothing on any number of workers, and a slower machine is answered about as
+   soon as on two (3x after 3 rounds, 2x after 6, 1.4x after 18 on 4 to 16 workers).
 4. It then moves greedily: from the busiest worker, the partition and destination that lower
    the highest predicted load most (among equal ones, the destination left least loaded: while
    the source stays the busiest, every destination gives the same highest load), as long as a
@@ -190,7 +197,8 @@ class BalancePolicy:
                  horizon_s: float = 10.0, bandwidth: float = 1e9, latency_s: float = 1e-3,
                  max_moves: int = 8, settle: int = 2, undo_margin: float = 0.05,
                  quiet_rounds: int = 20, wait_margin: float = 0.10,
-                 drain_wait: float = 0.25, evidence: float = 2.0) -> None:
+                 drain_wait: float = 0.25, evidence: float = 2.0,
+                 spell_factor: float = 1.6) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         counts = {"patience": patience, "max_moves": max_moves, "settle": settle,
@@ -206,6 +214,8 @@ class BalancePolicy:
                 raise ValueError(f"{name} must be a finite number >= 0, got {amount!r}")
         if not bandwidth > 0:
             raise ValueError(f"bandwidth must be above 0 (bytes a second), got {bandwidth!r}")
+        if not 1 <= spell_factor < math.inf:
+            raise ValueError(f"spell_factor must be a finite number >= 1, got {spell_factor!r}")
         if not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
         self.n_workers = n_workers
@@ -224,6 +234,8 @@ class BalancePolicy:
         self.wait_margin = wait_margin
         self.drain_wait = drain_wait
         self.evidence = evidence
+        self.spell_factor = spell_factor
+        self.evidence_needed = evidence * self._spell_scale(n_workers)
         self.notes: list[str] = []  # see MovePolicy
         self._said_no_move = False  # once a job: the imbalance no move could help
         self._wait_blocked = False  # the last plan left out a move for the wait_margin rule
@@ -233,8 +245,11 @@ class BalancePolicy:
         self._hurried: set[int] = set()  # ... whose undone round skipped the quiet rounds
         self.parts: dict[tuple[int, int], _Partition] = {}
         self.workers = [_Worker() for _ in range(n_workers)]
-        self._over = 0  # consecutive decisions that found the load uneven
-        self._excess = 0.0  # ... and their summed excess over the threshold
+        # per worker: consecutive decisions that found its load over the threshold, and
+        # their summed excess over it
+        self._over = [0] * n_workers
+        self._excess = [0.0] * n_workers
+        self._uneven = 0  # consecutive decisions with a worker over it, or one to empty
         self._wait_rounds = 0  # report rounds to wait before judging again
         self._paces: list[float] = []  # the job's pace at the decisions since the last moves
         # the last round of moves ((group, index, from, to)), the pace before it and how many
@@ -356,13 +371,22 @@ class BalancePolicy:
         capacity = sum(s for w, s in enumerate(speeds) if w not in self.drained)
         ideal = sum(work.values()) / capacity
         drain = self._drain(loads, speeds, work, ctrl)
-        excess = max(loads) / ideal - 1 - self.threshold if ideal > 0 else 0.0
-        if ideal <= 0 or (not drain and excess <= 0):
-            self._over, self._excess = 0, 0.0
+        if ideal <= 0:
+            self._forget_evidence()
             return []
-        self._over += 1
-        self._excess += max(excess, 0.0)
-        if self._over < self.patience or (not drain and self._excess < self.evidence):
+        for k, load in enumerate(loads):  # each worker's own evidence: spells elsewhere do not add
+            excess = load / ideal - 1 - self.threshold
+            if excess > 0:
+                self._over[k] += 1
+                self._excess[k] += excess
+            else:
+                self._over[k], self._excess[k] = 0, 0.0
+        self._uneven = self._uneven + 1 if drain or any(self._over) else 0
+        if drain:
+            if self._uneven < self.patience:
+                return []
+        elif not any(over >= self.patience and excess >= self.evidence_needed
+                     for over, excess in zip(self._over, self._excess)):
             return []
         moves = drain or self._plan(loads, speeds, work, ideal, ctrl)
         if not moves and not self._said_no_move:
@@ -377,7 +401,7 @@ class BalancePolicy:
             self.notes.append(f"worker {src} is the busiest ({loads[src]:.0%} of its time "
                               f"against an even {ideal:.0%}), but no partition moves: {why}")
         if moves:
-            self._over, self._excess = 0, 0.0
+            self._forget_evidence()
             self._wait_rounds = self.settle
             before = statistics.fmean(self._paces[-self.patience:])
             self._trial = ([(g, i, self.parts[(g, i)].holder, dst) for g, i, dst, _ in moves],
@@ -390,6 +414,25 @@ class BalancePolicy:
                 self._relieved |= {self.parts[(g, i)].holder for g, i, _, _ in moves}
             self._paces = []
         return moves
+
+    def _forget_evidence(self) -> None:
+        self._uneven = 0
+        self._over = [0] * self.n_workers
+        self._excess = [0.0] * self.n_workers
+
+    def _spell_scale(self, workers: int) -> float:
+        """How much more evidence ``workers`` workers need than two: the ratio of what one
+        round of a spell costs the job (one worker ``spell_factor`` times slower: its load
+        over the ideal, less the threshold) on ``workers`` workers to what it costs on two.
+        The others wait for the one that is slower: the more of them, the more of the job a
+        spell holds back (``(f (W - 1) + 1) / W`` of the ideal, against ``(f + 1) / 2``), so
+        with the sum of two workers a spell that passes would move partitions on many. 1 with
+        one worker, or where a spell is within the threshold on two."""
+        def cost(w: int) -> float:
+            return (self.spell_factor * (w - 1) + 1) / w - 1 - self.threshold
+        if workers < 2 or cost(2) <= 0:
+            return 1.0
+        return cost(workers) / cost(2)
 
     def _drain(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
                ctrl: Any) -> list[tuple[int, int, int, str]]:
@@ -469,7 +512,7 @@ class BalancePolicy:
         else:
             self._undos += 1
             self._wait_rounds = self.settle + self.quiet_rounds * 2 ** (self._undos - 1)
-        self._over, self._excess = 0, 0.0
+        self._forget_evidence()
         return back
 
     def _plan(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
