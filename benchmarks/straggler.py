@@ -46,6 +46,11 @@ the same on every machine, and neither a real machine's noise nor its waits for 
 row gives the balanced iteration against the best split and the ideal (``W ppw ms / (W - 1 +
 1 / factor)``), and the unbalanced one.
 
+``--spells 4,8,16`` adds balanced runs in virtual time (no worker slowed for good) where every
+worker has seeded spells of 1.2-1.6x slower tasks lasting 1.5-5 s (3 to 10 load reports),
+``--spell-rate`` a second each (:func:`spell_noise`), the noise balanced runs showed on a shared
+machine: each row gives the moves of ``--spell-seeds`` runs, where none is the target.
+
 Prints JSON lines (one per run, then a summary) and, with ``--plot DIR``, draws
 ``straggler.png`` (iteration time against time, moves marked) and ``micropartition_balance.png``.
 ``--keep-traces DIR`` keeps each run's trace (``APP_SCENARIO[_on|_off]_wW.json``): its load
@@ -54,6 +59,7 @@ reports can be replayed through a changed policy offline (``benchmarks/replay_ba
     python benchmarks/straggler.py --plot docs/img/performance          # ~5 min
     python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~4 min
     python benchmarks/straggler.py --apps "" --virtual 3,8,16            # ~15 s
+    python benchmarks/straggler.py --apps "" --spells 2,4,8,16           # ~3 min
     python benchmarks/straggler.py --quick                               # tiny (tests)
 """
 
@@ -213,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the partitions per worker the sweep runs (default: %(default)s)")
     ap.add_argument("--virtual", default="", metavar="W,W,...",
                     help="also balance on these numbers of virtual workers (virtual time)")
+    ap.add_argument("--spells", default="", metavar="W,W,...",
+                    help="also run balanced jobs on these numbers of virtual workers, every "
+                         "worker with seeded spells of slower tasks, and count the moves")
+    ap.add_argument("--spell-rate", type=float, default=0.1,
+                    help="spells a second of each worker (--spells; default %(default)s)")
+    ap.add_argument("--spell-seeds", type=int, default=5,
+                    help="seeded runs per worker count (--spells; default %(default)s)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
     ap.add_argument("--plot", default=None, metavar="DIR", help="write the charts here")
     ap.add_argument("--timeout", type=int, default=300)
@@ -222,17 +235,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         virtual = [int(w) for w in args.virtual.split(",") if w]
+        spelled = [int(w) for w in args.spells.split(",") if w]
     except ValueError:
-        virtual = [0]
+        virtual = spelled = [0]
     try:
         ppws = [int(p) for p in args.micro_ppws.split(",") if p]
     except ValueError:
         ppws = [0]
     if (args.micro_factor < 1 or args.factor < 1 or args.workers < 2 or args.ppw < 1
-            or any(w < 2 for w in virtual) or not ppws or any(p < 1 for p in ppws)):
+            or any(w < 2 for w in virtual + spelled) or not ppws or any(p < 1 for p in ppws)
+            or not args.spell_rate > 0 or args.spell_seeds < 1):
         ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2, "
-                 "--ppw and every --micro-ppws count >= 1, and --virtual worker counts of 2 "
-                 "or more")
+                 "--ppw and every --micro-ppws count >= 1, --virtual and --spells worker "
+                 "counts of 2 or more, --spell-rate > 0 and --spell-seeds >= 1")
     W = args.workers
     slow = W - 1
     if args.keep_traces:
@@ -326,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         summary.setdefault("virtual_over_best_split", {})[str(w)] = row["over_best_split"]
         summary.setdefault("virtual_over_ideal", {})[str(w)] = row["over_ideal"]
+    for w in spelled:
+        row = spells_run(w, args.ppw, args.spell_rate, args.spell_seeds,
+                         60 if args.quick else 2500)
+        print(json.dumps(row), flush=True)
+        summary.setdefault("spells_runs_with_moves", {})[str(w)] = row["runs_with_moves"]
     print(json.dumps(summary), flush=True)
     if args.plot:
         plot(rows, args.plot)
@@ -369,6 +389,60 @@ def virtual_run(workers: int, ppw: int, factor: float, iters: int) -> dict[str, 
             "over_ideal": round(t_on / ideal, 3),
             "settled_s": None if settle is None else round(settle, 3),
             "migrations": on.job.migrations, "bytes_migrated": on.job.bytes_migrated}
+
+
+def spell_noise(workers: int, rate: float, seed: int, horizon_s: float = 3600.0,
+                factors: tuple[float, float] = (1.2, 1.6),
+                lasting_s: tuple[float, float] = (1.5, 5.0)) -> Any:
+    """``noise(worker, t)`` for :func:`canary.virtual_runner.run_virtual`: each worker has
+    spells of tasks ``factors`` times slower (uniform), lasting ``lasting_s`` seconds (3 to 10
+    load-report rounds), starting ``rate`` times a second on average (exponential gaps after
+    the last one ended), seeded. What balanced runs' load reports showed on a shared machine:
+    a worker's tasks 1.2-1.6x slower for 3 to 10 rounds."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    table: list[list[tuple[float, float, float]]] = []
+    for _ in range(workers):
+        t, spells = 0.0, []
+        while t < horizon_s:
+            t += rng.exponential(1 / rate)
+            d = rng.uniform(*lasting_s)
+            spells.append((t, t + d, float(rng.uniform(*factors))))
+            t += d
+        table.append(spells)
+
+    def noise(w: int, t: float) -> float:
+        for start, end, f in table[w]:
+            if start > t:
+                break
+            if t < end:
+                return f
+        return 1.0
+    return noise
+
+
+def spells_run(workers: int, ppw: int, rate: float, seeds: int, iters: int) -> dict[str, Any]:
+    """Balanced logistic regression on ``workers`` virtual workers (as :func:`virtual_run`, no
+    worker slowed for good), every worker with spells of slower tasks
+    (:func:`spell_noise`), ``seeds`` seeded runs, balancing on: the moves each made (target:
+    none). One row."""
+    import apps.logistic_regression as lr
+    from canary.controller.balance import BalancePolicy
+    from canary.virtual_runner import IDEAL, Network, run_virtual
+
+    args = lr.parse_args(["--generate", "2000,6", "--max-iter", str(iters), "--tol", "1e-300",
+                          "--print-every", "0", "--partitions", str(workers * ppw)])
+    moves = []
+    for seed in range(seeds):
+        r = run_virtual(lr.build(args, workers)[0], workers, Network(5e-6, 1e9, "virtual"),
+                        cost=gradient_cost, handle_s=2e-6, runtime=IDEAL,
+                        policy=BalancePolicy(workers), noise=spell_noise(workers, rate, seed))
+        moves.append(r.job.migrations)
+    return {"app": "logistic_regression", "scenario": "spells", "workers": workers, "ppw": ppw,
+            "spell_rate_per_s": rate, "iterations": iters,
+            "virtual_s": round(iters * ppw * 1e-3, 2), "moves": moves,
+            "runs_with_moves": sum(m > 0 for m in moves)}
 
 
 def ideal_ms(workers: int, equal_ms: float, factor: float) -> float:

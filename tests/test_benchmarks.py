@@ -475,6 +475,30 @@ def test_straggler_virtual_prints_a_row_per_worker_count() -> None:
     assert rows[-1]["virtual_over_ideal"] == {"3": row["over_ideal"]}
 
 
+def test_straggler_spells_prints_the_moves_of_each_seeded_run() -> None:
+    rows = run_bench("straggler.py", "--quick", "--apps", "", "--spells", "3", "--ppw", "2",
+                     "--spell-seeds", "2", "--spell-rate", "5")
+    (row,) = rows[:-1]
+    assert (row["scenario"], row["workers"], row["ppw"]) == ("spells", 3, 2)
+    assert len(row["moves"]) == 2 and row["runs_with_moves"] == sum(m > 0 for m in row["moves"])
+    assert rows[-1]["spells_runs_with_moves"] == {"3": row["runs_with_moves"]}
+
+
+def test_spell_noise_slows_each_worker_in_its_own_seeded_spells() -> None:
+    from benchmarks.straggler import spell_noise
+
+    noise = spell_noise(3, rate=0.5, seed=1, horizon_s=200)
+    ts = [k * 0.05 for k in range(4000)]
+    for w in range(3):
+        factors = [noise(w, t) for t in ts]
+        slow = [f for f in factors if f != 1.0]
+        assert slow and all(1.2 <= f <= 1.6 for f in slow)
+        # spells 1.5-5 s long, a mean gap of 2 s after each: slow about 60% of the time
+        assert 0.3 < len(slow) / len(factors) < 0.85
+    assert [noise(0, t) for t in ts] != [noise(1, t) for t in ts]  # each worker its own
+    assert [noise(0, t) for t in ts] == [spell_noise(3, 0.5, 1, 200)(0, t) for t in ts]
+
+
 def test_straggler_inputs_grow_with_the_workers() -> None:
     from benchmarks.straggler import APPS, per_worker
 
