@@ -48,7 +48,7 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    ideal on ``W``); the evidence needed grows as a spell's cost does, from what a spell of
    ``spell_factor`` (1.6) costs on two workers: 3.5 on 4 workers, 4.25 on 8, 4.6 on 16. So a
    spell moves nothing on any number of workers, and a slower machine is answered about as
-   soon as on two (3x after 3 rounds, 2x after 6, 1.4x after 18 on 4 to 16 workers).
+   soon as on two (3x after 3 rounds, 2x after 6, 1.4x after 17-18 on 4 to 16 workers).
 4. It then moves greedily: from the busiest worker, the partition and destination that lower
    the highest predicted load most (among equal ones, the destination left least loaded: while
    the source stays the busiest, every destination gives the same highest load), as long as a
