@@ -57,13 +57,12 @@ def _own(filename: str) -> bool:
     return os.path.abspath(filename).startswith(_own_dirs())
 
 
-@functools.lru_cache(maxsize=1)
 def _own_dirs() -> tuple[str, ...]:
-    import canary.controller
-    import canary.worker
-
-    return (_CANARY_DIR, *(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep
-                           for m in (canary.worker, canary.controller)))
+    # from sys.modules, not imported: this module is below the roles in the layering, and a
+    # package not loaded has no frame in any traceback
+    loaded = (sys.modules.get(name) for name in ("canary.worker", "canary.controller"))
+    return (_CANARY_DIR, *(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                           for m in loaded if m is not None and m.__file__))
 
 
 def call_site(exc: BaseException) -> str:
