@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TextIO
 
+from canary import launch
 from canary.pool import client
 from canary.pool.spool import DIR_ENV, default_dir
 from canary.sched.placement import PLACEMENT_POLICIES
@@ -18,15 +19,6 @@ from canary.sched.queues import QUEUE_POLICIES
 
 COMMANDS = ("cluster", "submit", "jobs", "logs", "cancel")
 SNAPSHOT_OPTIONS = ("--checkpoint", "--resume", "--restarts")
-EXIT_CANCELLED = 130
-
-
-class _Stopped(Exception):
-    """A signal that ends ``submit --wait`` (SIGTERM, SIGHUP)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 def _dir_arg(ap: argparse.ArgumentParser) -> None:
@@ -164,27 +156,20 @@ def _dispatch(args: argparse.Namespace, find_mpiexec: Callable[[], str],
             print(job)
             return 0
         print(f"canary: job {job} submitted", file=sys.stderr, flush=True)
-
-        def stopped(signum: int, frame: object) -> None:
-            raise _Stopped(signum)
-
-        # SIGTERM and SIGHUP end the wait as Ctrl-C does: the job is cancelled, and said to be
-        handlers = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
         shown: list[str] = []  # the job's log as printed, to say its error once
 
         def follow(text: str) -> None:
             print(text, end="", flush=True)
             shown.append(text)
 
+        # Ctrl-C, SIGTERM and SIGHUP end the wait alike: the job is cancelled, and said to be
         try:
-            st = client.wait(job, root, follow=follow)
-        except (KeyboardInterrupt, _Stopped) as exc:
+            with launch.stopped_by_signals():
+                st = client.wait(job, root, follow=follow)
+        except launch.Stopped as stop:
             client.cancel(job, root)
             print(f"canary: job {job} cancelled", file=sys.stderr)
-            return 128 + exc.signum if isinstance(exc, _Stopped) else EXIT_CANCELLED
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
+            return 128 + stop.signum
         if st["state"] != "done":
             print(f"canary: job {job} {st['state']}{_unless_shown(st.get('error'), shown)}",
                   file=sys.stderr)
