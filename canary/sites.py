@@ -46,18 +46,15 @@ def user_traceback(exc: BaseException) -> str:
     import traceback
 
     tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None and _own(tb.tb_frame.f_code.co_filename):
+    while (tb is not None and tb.tb_next is not None
+           and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_own_dirs())):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def _own(filename: str) -> bool:
-    """Whether ``filename`` is canary's: its package, and ``canary.worker`` and
-    ``canary.controller``, which an editable install keeps in folders of their own."""
-    return os.path.abspath(filename).startswith(_own_dirs())
-
-
 def _own_dirs() -> tuple[str, ...]:
+    """The folders of canary's own code: its package, and ``canary.worker`` and
+    ``canary.controller``, which an editable install keeps in folders of their own."""
     # from sys.modules, not imported: this module is below the roles in the layering, and a
     # package not loaded has no frame in any traceback
     loaded = (sys.modules.get(name) for name in ("canary.worker", "canary.controller"))
@@ -95,10 +92,12 @@ def _first_site(places: Iterable[tuple[str, int]]) -> str:
 def _shown_path(filename: str) -> str | None:
     """How a site names source file ``filename``: relative to the working directory when under
     it (as the driver was named on the command line, usually), else absolute; None for canary's
-    own files and ``contextlib``, which a site skips. Cached: working it out cost most of a
-    declaration (26 µs a statement), and a driver declares from a few files."""
+    own files (:func:`_own_dirs`) and ``contextlib``, which a site skips. Cached: working it
+    out cost most of a declaration (26 µs a statement), and a driver declares from a few files;
+    a file of canary's is in no frame before its package is loaded, so an answer never
+    changes."""
     path = os.path.abspath(filename)
-    if path.startswith(_CANARY_DIR) or path == _CONTEXTLIB:
+    if path.startswith(_own_dirs()) or path == _CONTEXTLIB:
         return None
     try:
         under = path.startswith(os.getcwd() + os.sep)
