@@ -429,10 +429,7 @@ class JobsWorker:
         if j.state is None:
             j.inbox.append(msg)
             return
-        try:
-            self._apply(j, j.state.handle(msg), out)
-        except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
-            self._broken(j, f"{type(exc).__name__}: {exc}", out)
+        if not self._handle(j, msg, out):
             return
         if self.binding == ev.job:
             self._started(j, now)
@@ -441,13 +438,19 @@ class JobsWorker:
 
     def _on_tick(self, ev: Tick, now: float, out: list[Any]) -> None:
         for j in self.jobs.values():
-            if j.state is None or j.broken:
-                continue
-            try:
-                self._apply(j, j.state.handle(Tick(ev.eid, now - j.declared_at, ev.idle, ev.cpu,
-                                                   ev.cpu_wait)), out)
-            except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
-                self._broken(j, f"{type(exc).__name__}: {exc}", out)
+            if j.state is not None and not j.broken:
+                self._handle(j, replace(ev, now=now - j.declared_at), out)
+
+    def _handle(self, j: _Job, msg: Any, out: list[Any]) -> bool:
+        """Give ``msg`` to the declared job ``j``'s state and carry out what it says; whether
+        that went well. A failure breaks that job alone (:meth:`_broken`), not the pool."""
+        assert j.state is not None
+        try:
+            self._apply(j, j.state.handle(msg), out)
+        except Exception as exc:  # noqa: BLE001 - one job's failure must not end the pool
+            self._broken(j, f"{type(exc).__name__}: {exc}", out)
+            return False
+        return True
 
     def _task_finished(self, job: int, msg: Any, now: float) -> None:
         if self.running is not None and self.running[0] == job:
