@@ -361,19 +361,26 @@ def gradient_cost(task: Any, measured_s: float) -> float:
     return 1e-3 if task.stage.name == "gradient_kernel" else 1e-5
 
 
-def virtual_run(workers: int, ppw: int, factor: float, iters: int) -> dict[str, Any]:
-    """Logistic regression on ``workers`` virtual workers, the last ``factor`` times slower,
-    balancing off and on (see the module doc); one row."""
+def virtual_lr(workers: int, ppw: int, iters: int, balance: bool, **kwargs: Any) -> Any:
+    """Logistic regression (2000 x 6, ``iters`` iterations, ``ppw`` partitions per worker) on
+    ``workers`` virtual workers priced by :func:`gradient_cost`, with the balancing policy if
+    ``balance``; ``kwargs`` go to :func:`canary.virtual_runner.run_virtual` (``slowdown``,
+    ``noise``). Its :class:`~canary.virtual_runner.VirtualResult`."""
     import apps.logistic_regression as lr
     from canary.controller.balance import BalancePolicy
     from canary.virtual_runner import IDEAL, Network, run_virtual
 
     args = lr.parse_args(["--generate", "2000,6", "--max-iter", str(iters), "--tol", "1e-300",
                           "--print-every", "0", "--partitions", str(workers * ppw)])
-    net = Network(5e-6, 1e9, "virtual")
-    got = {balance: run_virtual(lr.build(args, workers)[0], workers, net, cost=gradient_cost,
-                                handle_s=2e-6, runtime=IDEAL, slowdown={workers - 1: factor},
-                                policy=BalancePolicy(workers) if balance else None)
+    return run_virtual(lr.build(args, workers)[0], workers, Network(5e-6, 1e9, "virtual"),
+                       cost=gradient_cost, handle_s=2e-6, runtime=IDEAL,
+                       policy=BalancePolicy(workers) if balance else None, **kwargs)
+
+
+def virtual_run(workers: int, ppw: int, factor: float, iters: int) -> dict[str, Any]:
+    """Logistic regression on ``workers`` virtual workers, the last ``factor`` times slower,
+    balancing off and on (see the module doc); one row."""
+    got = {balance: virtual_lr(workers, ppw, iters, balance, slowdown={workers - 1: factor})
            for balance in (False, True)}
     on = got[True]
     times = [t * 1e3 for t in on.iteration_seconds()]
@@ -427,18 +434,9 @@ def spells_run(workers: int, ppw: int, rate: float, seeds: int, iters: int) -> d
     worker slowed for good), every worker with spells of slower tasks
     (:func:`spell_noise`), ``seeds`` seeded runs, balancing on: the moves each made (target:
     none). One row."""
-    import apps.logistic_regression as lr
-    from canary.controller.balance import BalancePolicy
-    from canary.virtual_runner import IDEAL, Network, run_virtual
-
-    args = lr.parse_args(["--generate", "2000,6", "--max-iter", str(iters), "--tol", "1e-300",
-                          "--print-every", "0", "--partitions", str(workers * ppw)])
-    moves = []
-    for seed in range(seeds):
-        r = run_virtual(lr.build(args, workers)[0], workers, Network(5e-6, 1e9, "virtual"),
-                        cost=gradient_cost, handle_s=2e-6, runtime=IDEAL,
-                        policy=BalancePolicy(workers), noise=spell_noise(workers, rate, seed))
-        moves.append(r.job.migrations)
+    moves = [virtual_lr(workers, ppw, iters, True,
+                        noise=spell_noise(workers, rate, seed)).job.migrations
+             for seed in range(seeds)]
     return {"app": "logistic_regression", "scenario": "spells", "workers": workers, "ppw": ppw,
             "spell_rate_per_s": rate, "iterations": iters,
             "virtual_s": round(iters * ppw * 1e-3, 2), "moves": moves,
