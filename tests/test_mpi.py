@@ -373,3 +373,14 @@ def test_ctrl_c_to_a_plain_mpiexec_stops_every_rank_with_one_line_each() -> None
     assert "Traceback" not in err, err
     assert sorted(re.findall(r"canary: rank (\d) interrupted \(SIGINT\); the job stops", err)) \
         == ["0", "1", "2"], err
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_worker_shut_down_at_its_first_poll_after_done_still_reports_when_it_was_done(
+        ranks: int, tmp_path: Path) -> None:
+    # the stats recorded t_done only while idle after Done: a worker whose next poll found
+    # Shutdown had none, and the micropartition benchmark failed on it now and then
+    proc = mpirun(ranks, str(DRIVERS / "done_then_shutdown.py"), str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    keys = ["cpu_done", "cpu_first", "t_done", "t_first"]
+    assert summary(proc.stdout)["stats"] == [keys] * (ranks - 1)

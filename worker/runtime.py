@@ -190,6 +190,8 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
             if trace_recv is not None:
                 trace_recv(got[0], msg)
             if type(msg) is Shutdown:
+                if stats is not None:  # Done may have gone out just before this poll
+                    _note_done(stats, state)
                 send(CONTROLLER, Bye(local_event_id(rank, next(ids)), state.worker))
                 tx.flush()
                 return state
@@ -241,6 +243,8 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                         task, resume = other(ins, task, resume)
                 if type(ev) is TaskFailed:
                     _wait_for_abort(tx, ev.message)
+            if stats is not None:
+                _note_done(stats, state)
             now = perf_counter()
             if n == batch:
                 dt = now - t_batch
@@ -253,9 +257,8 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                 task, resume = carry(handle(tick(now - t0, idle)), task, resume)
                 idle = 0.0
             continue
-        if stats is not None and state.done_sent and "t_done" not in stats:
-            stats["t_done"] = time.perf_counter()
-            stats["cpu_done"] = time.process_time()
+        if stats is not None:
+            _note_done(stats, state)
         now = perf_counter()
         if idle_since is None:
             idle_since = now
@@ -268,6 +271,13 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                 continue
         tx.progress()
         backoff.sleep()
+
+
+def _note_done(stats: dict[str, float], state: WorkerState) -> None:
+    """Record ``t_done``/``cpu_done`` the first time this is called after the worker sent Done."""
+    if state.done_sent and "t_done" not in stats:
+        stats["t_done"] = time.perf_counter()
+        stats["cpu_done"] = time.process_time()
 
 
 def _spin(seconds: float) -> None:
