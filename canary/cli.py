@@ -185,6 +185,9 @@ def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, 
     done = 0
     resumed = snap
     first = next_id(checkpoint) if checkpoint is not None else 1  # this run's snapshots
+    kept = launch.JobSnapshots(
+        checkpoint or "", first,
+        None if snap is None else (os.path.dirname(snap.path), snap.id))
     while True:
         try:
             if snap is not None:
@@ -192,7 +195,7 @@ def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, 
                 print(f"canary: resuming from snapshot {snap.id} ({snap.position['where']}, "
                       f"taken {snap.data['run_seconds']:.0f} s into the run) on {workers} "
                       "worker(s)", file=sys.stderr)
-            status, lost = launch.supervise_job(cmd, env, workers + 1, hydra)
+            status, lost = launch.supervise_job(cmd, env, workers + 1, hydra, kept)
             if lost and restarts and done >= restarts:
                 print(f"canary: no restart left (--restarts {restarts} used up)",
                       file=sys.stderr)
@@ -222,7 +225,7 @@ def _supervise_with_restarts(cmd: list[str], env: dict[str, str], workers: int, 
             # checkpoint is set: a restart was under way
             print(f"canary: {launch.stop_word(stop.signum)} before restart {done} of {restarts} "
                   f"was started: the job is not relaunched; "
-                  f"{launch.results_left(checkpoint or '')}", file=sys.stderr)
+                  f"{launch.results_left(kept)}", file=sys.stderr)
             return 128 + stop.signum
 
 

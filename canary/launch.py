@@ -49,7 +49,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from canary.env import CHECKPOINT_ENV
 from canary.mpich_shm import remove_orphan_topologies, remove_orphans, remove_stale
 from canary.ranks import Orphaned, RunRecords, read_records, role
 from canary.sentinel import (
@@ -404,6 +403,15 @@ class OutputFilter:
         self._out.append((stream, line))
 
 
+@dataclass(frozen=True)
+class JobSnapshots:
+    """Where a job writes its snapshots and which of those there are its own."""
+
+    folder: str = ""  # canary run --checkpoint DIR; "" when the job keeps none
+    first: int = 1  # the id of this run's first snapshot: lower ones are an earlier run's
+    resumed: tuple[str, int] | None = None  # the snapshot it resumed from: (its folder, id)
+
+
 @dataclass
 class JobEnd:
     """Everything known once mpiexec has ended."""
@@ -415,7 +423,7 @@ class JobEnd:
     aborts: dict[int, int] = field(default_factory=dict)
     wrote_stderr: set[int] = field(default_factory=set)
     host: str = ""  # this host's name: ranks elsewhere are named with their host
-    checkpoint: str = ""  # the job's snapshot folder (canary run --checkpoint), if any
+    snapshots: JobSnapshots = field(default_factory=lambda: JobSnapshots())
     mpiexec_pid: int = 0
     stuck: str | None = None  # mpiexec's child whose end made the launcher stop the job
     bad_end: tuple[int, str, int | None] | None = None  # see OutputFilter.bad_end
@@ -435,28 +443,36 @@ def stop_word(signum: int) -> str:
     return _STOP_WORDS.get(signum, "stopped")
 
 
-def results_left(checkpoint: str) -> str:
-    """What became of an unfinished job's results: where its snapshots are in ``checkpoint``
-    (its --checkpoint folder), that it had committed none there yet, or, with no folder
-    (``""``), that they are lost."""
-    if checkpoint:
-        from canary.snapshot import SnapshotError, committed
+def results_left(snapshots: JobSnapshots) -> str:
+    """What became of an unfinished job's results: that its snapshots are in its --checkpoint
+    folder (those numbered from ``snapshots.first`` on), else the snapshot it was resumed from,
+    else that they are lost (saying so of the snapshots an earlier run left in the folder, which
+    ``--resume`` would take, and of a job that kept none)."""
+    folder = snapshots.folder
+    if not folder:
+        return LOST
+    from canary.snapshot import SnapshotError, committed
 
-        try:
-            kept = bool(committed(checkpoint))
-        except SnapshotError:
-            kept = False
-        if kept:
-            return (f"its snapshots are in {checkpoint}: `canary run --resume "
-                    f"{checkpoint}` continues from the last one")
-        return (f"the job's results are lost: it had committed no snapshot to {checkpoint} "
-                "yet (the first comes --checkpoint-every seconds into the run)")
-    return LOST
+    try:
+        ids = [s.id for s in committed(folder)]
+    except SnapshotError:
+        ids = []
+    if any(k >= snapshots.first for k in ids):  # the newest: --resume takes them first
+        return f"its snapshots are in {folder}: `canary run --resume {folder}` continues from " \
+               "the last one"
+    if snapshots.resumed is not None:
+        where, k = snapshots.resumed
+        return (f"it had committed no snapshot to {folder} since it resumed: `canary run "
+                f"--resume {where}` starts again from snapshot {k}")
+    earlier = (f"; the snapshots there are an earlier run's, which `--resume {folder}` would "
+               "continue" if ids else "")
+    return (f"the job's results are lost: it had committed no snapshot to {folder} yet (the "
+            f"first comes --checkpoint-every seconds into the run){earlier}")
 
 
 def _lost(end: JobEnd) -> str:
     """:func:`results_left` for the job that ended as ``end`` says."""
-    return results_left(end.checkpoint)
+    return results_left(end.snapshots)
 
 
 def relayed_signal(end: JobEnd) -> int | None:
@@ -493,7 +509,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     rec = end.records
     if end.stopped_by is not None:
         line = f"canary: {stop_word(end.stopped_by)}; job stopped"
-        if end.checkpoint:  # where it can go on from
+        if end.snapshots.folder:  # where it can go on from
             line += f"; {_lost(end)}"
         return 128 + end.stopped_by, [line]
     if end.stuck is not None:
@@ -529,7 +545,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         who = f"mpiexec (pid {end.mpiexec_pid})" if end.mpiexec_pid else "mpiexec"
         line = (f"canary: {stop_word(relayed)}: {who} received {_signal_name(relayed)} from "
                 "outside canary run; job stopped")
-        if end.checkpoint:
+        if end.snapshots.folder:
             line += f"; {_lost(end)}"
         return 128 + relayed, [line]
     managers = _lost_managers(rec)
@@ -860,11 +876,12 @@ def rank_lost(end: JobEnd, status: int) -> bool:
     return not rec.starts and status >= 128
 
 
-def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bool
-                  ) -> tuple[int, bool]:
+def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bool,
+                  snapshots: JobSnapshots = JobSnapshots()) -> tuple[int, bool]:
     """Run the mpiexec ``command`` (``ranks`` ranks, started by ``python -m canary.ranks``)
     to its end; return ``canary run``'s exit status (see :func:`verdict`) and whether the job
-    ended because a rank died (:func:`rank_lost`).
+    ended because a rank died (:func:`rank_lost`). ``snapshots`` says where the job keeps its
+    snapshots (``env`` tells the ranks), for what an unfinished job's last line says of them.
 
     ``hydra``: the command carries :func:`hydra_options`, and the output goes through
     :class:`OutputFilter`; otherwise mpiexec writes straight to this process's stdout and
@@ -924,7 +941,7 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
             remove_orphans(started)
             remove_orphan_topologies(started)  # and a killed proxy its topology file
         end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname(),
-                     checkpoint=env.get(CHECKPOINT_ENV, ""), mpiexec_pid=proc.pid,
+                     snapshots=snapshots, mpiexec_pid=proc.pid,
                      stuck=stopper.stuck, hydra=hydra, ranks=ranks)
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts

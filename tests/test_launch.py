@@ -26,6 +26,7 @@ from canary.launch import (
     STDOUT,
     BootstrapWatch,
     JobEnd,
+    JobSnapshots,
     OutputFilter,
     how_it_ended,
     rank_lost,
@@ -176,7 +177,8 @@ def test_a_worker_that_exits_with_0_mid_job_is_a_failure_that_names_it() -> None
 def test_a_rank_lost_before_the_first_snapshot_says_so_not_to_use_checkpoint(
         tmp_path: Path) -> None:
     # it said "lost unless it kept snapshots (with --checkpoint DIR ...)" to a job run with one
-    status, lines = verdict(end(records(gone={2: (-9, 5.0)}), 9, checkpoint=str(tmp_path)))
+    status, lines = verdict(end(records(gone={2: (-9, 5.0)}), 9,
+                                snapshots=JobSnapshots(str(tmp_path))))
     assert status == 137 and lines[0].endswith(
         f"the job's results are lost: it had committed no snapshot to {tmp_path} yet (the first "
         "comes --checkpoint-every seconds into the run)")
@@ -222,7 +224,8 @@ def test_stopping_and_time_limit_are_one_line_each() -> None:
         130, ["canary: interrupted; job stopped"])
     assert verdict(end(records(), -15, stopped_by=signal.SIGTERM))[0] == 143
     # with snapshots it says where the job can go on from (it said nothing of them)
-    assert verdict(end(records(), -15, stopped_by=signal.SIGTERM, checkpoint="/nowhere")) == (
+    assert verdict(end(records(), -15, stopped_by=signal.SIGTERM,
+                       snapshots=JobSnapshots("/nowhere"))) == (
         143, ["canary: terminated; job stopped; the job's results are lost: it had committed no "
               "snapshot to /nowhere yet (the first comes --checkpoint-every seconds into the run)"])
     status, lines = verdict(end(records(), 255, timed_out=60))

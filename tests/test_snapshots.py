@@ -475,7 +475,7 @@ def test_a_restart_takes_only_this_runs_snapshots_else_the_one_it_resumed_from(
         told: list[str | None] = []
 
         def supervise_job(cmd: list[str], env: dict[str, str], ranks: int,
-                          hydra: bool) -> tuple[int, bool]:
+                          hydra: bool, kept: cli.launch.JobSnapshots) -> tuple[int, bool]:
             told.append(env.get(RESUME_ENV))
             if len(told) > 1:
                 return 0, False
@@ -510,6 +510,46 @@ def test_a_restart_takes_only_this_runs_snapshots_else_the_one_it_resumed_from(
     err = capsys.readouterr().err
     assert err.count("restarting the job") == 2 and \
         err.endswith("canary: no restart left (--restarts 2 used up)\n"), err
+
+
+def test_an_unfinished_job_calls_only_its_own_snapshots_its_own(
+        three_snapshots: tuple[Path, Any], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a job run afresh in a folder holding an earlier run's snapshots, and stopped before its
+    # first, was told "its snapshots are in DIR: --resume DIR continues": the earlier run's
+    from canary import cli
+
+    ck, _ = three_snapshots
+    earlier = committed(str(ck))
+    told: list[cli.launch.JobSnapshots] = []
+
+    def supervise_job(cmd: list[str], env: dict[str, str], ranks: int, hydra: bool,
+                      kept: cli.launch.JobSnapshots) -> tuple[int, bool]:
+        told.append(kept)
+        return 143, False
+
+    monkeypatch.setattr(cli.launch, "supervise_job", supervise_job)
+    assert cli._supervise_with_restarts(["x"], {}, 2, False, None, str(ck), 0) == 143
+    assert told[-1] == cli.launch.JobSnapshots(str(ck), earlier[-1].id + 1)
+    assert cli.launch.results_left(told[-1]) == (
+        f"the job's results are lost: it had committed no snapshot to {ck} yet (the first comes "
+        f"--checkpoint-every seconds into the run); the snapshots there are an earlier run's, "
+        f"which `--resume {ck}` would continue")
+    # resumed from one of them: that one is where it can start again
+    assert cli._supervise_with_restarts(["x"], {}, 2, False, earlier[0], str(ck), 0) == 143
+    assert told[-1].resumed == (str(ck), earlier[0].id)
+    assert cli.launch.results_left(told[-1]) == (
+        f"it had committed no snapshot to {ck} since it resumed: `canary run --resume {ck}` "
+        f"starts again from snapshot {earlier[0].id}")
+    # once it has committed one of its own, those are where it goes on from
+    canary.run_local(lr_program(), workers=2, checkpoint=SnapshotConfig(str(ck), 6, 100))
+    assert cli.launch.results_left(told[-1]) == (
+        f"its snapshots are in {ck}: `canary run --resume {ck}` continues from the last one")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.launch.results_left(cli.launch.JobSnapshots(str(empty))) == (
+        f"the job's results are lost: it had committed no snapshot to {empty} yet (the first "
+        "comes --checkpoint-every seconds into the run)")
 
 
 def test_resume_from_a_file_an_empty_folder_or_an_empty_path_says_what_is_wrong(
