@@ -179,6 +179,24 @@ def test_wfq_discard_never_moves_a_tag_before_the_virtual_time() -> None:
     assert drain(q) == ["b", "c", "z"]
 
 
+@pytest.mark.parametrize("charge", ["cost", "measured"])
+def test_wfq_release_gives_back_what_an_item_that_ran_nothing_was_charged(charge: str) -> None:
+    # Equal weights, cost 1. User 0: a tag 0, b tag 1; user 1: c, d tags 0, 1. a is popped
+    # (V = 0) and found nothing to run (its job's tasks had gone elsewhere): released, b moves
+    # to 0 and user 0's finish tag back to 1, as if a had never been pushed. Left charged,
+    # user 0 lost a turn to user 1: c, b, d, e.
+    q = WeightedFairQueue(charge=charge)
+    a = Item(job=1, user=0, payload="a")
+    for item in [a, Item(job=2, user=0, payload="b"), Item(job=3, user=1, payload="c"),
+                 Item(job=3, user=1, payload="d")]:
+        q.push(item, 0.0)
+    assert q.pop(0.0) is a
+    q.release(a, 0.0)
+    assert q._finish == {0: 1.0, 1: 2.0} and len(q) == 3
+    q.push(Item(job=2, user=0, payload="e"), 0.0)  # tag max(V=0, F_0=1) = 1 (was 2)
+    assert drain(q) == ["b", "c", "d", "e"]
+
+
 def test_wfq_charged_by_cost_serves_as_a_heap_of_every_item_would() -> None:
     # Charged by cost the queue keeps only each user's first item by its tag, the others in
     # push order; charged as measured, with no item finished, it keeps every item by its tag,
@@ -190,6 +208,7 @@ def test_wfq_charged_by_cost_serves_as_a_heap_of_every_item_would() -> None:
         weights = {user: rng.choice([0.5, 1.0, 2.0, 4.0]) for user in range(3)}
         by_cost = WeightedFairQueue(weights)
         every_item = WeightedFairQueue(weights, charge="measured")
+        popped: list[Item] = []
         for _ in range(60):
             step = rng.random()
             if step < 0.5:
@@ -197,8 +216,15 @@ def test_wfq_charged_by_cost_serves_as_a_heap_of_every_item_would() -> None:
                             cost=rng.choice([0.0, 0.25, 1.0, 2.0]))
                 by_cost.push(item, 0.0)
                 every_item.push(item, 0.0)
-            elif step < 0.8:
-                assert by_cost.pop(0.0) is every_item.pop(0.0)
+            elif step < 0.75:
+                item = by_cost.pop(0.0)  # type: ignore[assignment]
+                assert item is every_item.pop(0.0)
+                if item is not None:
+                    popped.append(item)
+            elif step < 0.85 and popped:  # one that ran nothing
+                item = popped.pop(rng.randrange(len(popped)))
+                by_cost.release(item, 0.0)
+                every_item.release(item, 0.0)
             else:
                 job = rng.randrange(6)
                 assert by_cost.discard(job) == every_item.discard(job)

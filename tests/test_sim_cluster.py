@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from canary.sched.placement import BatchLateBinding, BatchSampling, PerTaskSampling, RandomPlacement
-from canary.sched.queues import PriorityQueue, WeightedFairQueue
+from canary.sched.queues import Item, PriorityQueue, WeightedFairQueue
 from canary.sim.cluster import JobSet, poisson_jobs, simulate_cluster
 
 
@@ -151,3 +151,45 @@ def test_fair_queue_is_not_charged_for_cancelled_reservations(a_first: bool) -> 
     )
     finish_b = r.finish[1 if a_first else 0]
     assert (finish_b, r.finish[2]) == (5.0, 4.0)
+
+
+def test_a_fair_queue_takes_back_the_charge_of_a_reservation_answered_with_no_task() -> None:
+    # Under late binding some reservations reach the head of their queue after their job's
+    # tasks have all launched elsewhere, before the cancellation: the round trip brings no
+    # task. Charged, each cost its user a turn it never had. Every reservation a fair queue
+    # hands out either runs a task (task_finished) or is given back (release), never both.
+    class Recording(WeightedFairQueue):
+        def __init__(self) -> None:
+            super().__init__({0: 1.0, 1: 2.0})
+            self.popped: list[Item] = []
+            self.ran: list[Item] = []
+            self.released: list[Item] = []
+
+        def pop(self, now: float) -> Item | None:
+            item = super().pop(now)
+            if item is not None:
+                self.popped.append(item)
+            return item
+
+        def task_finished(self, item: Item, now: float, duration: float) -> None:
+            self.ran.append(item)
+            super().task_finished(item, now, duration)
+
+        def release(self, item: Item, now: float) -> None:
+            self.released.append(item)
+            super().release(item, now)
+
+    gen = np.random.default_rng(4)
+    js = JobSet.concat([poisson_jobs(gen, 30.0, 4, 0.1, end=4.0, user=u) for u in (0, 1)])
+    queues: list[Recording] = []
+
+    def make() -> Recording:
+        queues.append(Recording())
+        return queues[-1]
+
+    r = simulate_cluster(js, BatchLateBinding(2), 4, 1, rtt=0.01, queue_factory=make)
+    assert r.finish.size == js.arrival.size
+    assert sum(len(q.released) for q in queues) > 0
+    for q in queues:
+        ran, released = {id(i) for i in q.ran}, {id(i) for i in q.released}
+        assert not ran & released and ran | released == {id(i) for i in q.popped}

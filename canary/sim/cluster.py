@@ -23,7 +23,10 @@ Timing model (all network hops take ``rtt / 2``):
   what their pushes charged (they never ran); with any other queue a worker
   drops a cancelled reservation for free when it pops it, which changes no
   other item's turn. A reservation that arrives with its job's cancellation
-  (``rtt = 0``) is not queued at all.
+  (``rtt = 0``) is not queued at all. A reservation answered with no task
+  (its job's tasks all launched before the cancellation arrived) held the slot
+  for the round trip but served its user nothing: a fair queue gives back
+  what it charged (``WeightedFairQueue.release``).
 
 The event queue is a binary heap of ``(time, seq, kind, a, b)`` tuples; ties
 are broken by insertion order so runs are deterministic for a given seed.
@@ -306,6 +309,9 @@ def simulate_cluster(
             w = a
             busy[w] -= 1
             load[w] -= 1
+            noop_queue = queues[w]
+            if isinstance(noop_queue, WeightedFairQueue):  # it served no task: no charge
+                noop_queue.release(b, now)  # type: ignore[arg-type]
             serve(w, now)
         elif kind == _ARRIVE:
             job = js[a]
