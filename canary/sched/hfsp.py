@@ -111,9 +111,12 @@ class _Base:
         ``pending`` defaults to ``num_tasks``; a worker that receives a job's
         tasks one by one passes 0 and calls :meth:`add_tasks`.  Raises
         ValueError for a duplicate job id, ``num_tasks < 1``, a negative
-        estimate or ``pending`` outside ``0..num_tasks``.
+        estimate or ``pending`` outside ``0..num_tasks``. A policy may take back a job it
+        still remembers instead (:meth:`_take_back`).
         """
         self._clock(now)
+        if self._take_back(job, now, pending):
+            return
         if job in self._jobs:
             raise ValueError(f"job {job} is already scheduled")
         if num_tasks < 1:
@@ -198,6 +201,11 @@ class _Base:
         self._on_finish(j, old)
 
     # Hooks for subclasses.
+    def _take_back(self, job: int, now: float, pending: int | None) -> bool:
+        """Registering ``job``: take it back as it was, if the policy still remembers it
+        (True), rather than add it as a new job (False)."""
+        return False
+
     def _on_add(self, j: _Job) -> None:
         raise NotImplementedError
 
@@ -377,23 +385,14 @@ class HfspJobs(_Base):
     def _push_real(self, j: _Job) -> None:
         heapq.heappush(self._rheap, (j.vfinish, j.seq, j.version, j))
 
-    def add_job(
-        self,
-        job: int,
-        num_tasks: int,
-        now: float,
-        estimate: float | None = None,
-        pending: int | None = None,
-    ) -> None:
-        """As :meth:`_Base.add_job`, except for a job removed as finished that is still in the
-        virtual system: it comes back as it was, ``pending`` (default: its tasks not yet run)
-        of its tasks runnable; ``num_tasks`` and ``estimate`` are those it was first given."""
-        self._clock(now)
+    def _take_back(self, job: int, now: float, pending: int | None) -> bool:
+        """A job removed as finished that is still in the virtual system comes back as it was,
+        ``pending`` (default: its tasks not yet run) of its tasks runnable; the ``num_tasks``
+        and ``estimate`` it is registered with are those it was first given."""
         self._advance(now)  # it may have reached its virtual finish by now, and so have left
         j = self._finished_ahead.get(job)
         if j is None:
-            super().add_job(job, num_tasks, now, estimate, pending)
-            return
+            return False
         not_run = j.num_tasks - j.running - j.finished
         pend = not_run if pending is None else pending
         if not 0 <= pend <= not_run:
@@ -402,6 +401,7 @@ class HfspJobs(_Base):
         self._jobs[job] = j
         if pend:
             self.add_tasks(job, pend)
+        return True
 
     def _on_add(self, j: _Job) -> None:
         self._advance(self._now)
