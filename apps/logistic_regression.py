@@ -243,7 +243,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--features", type=int, default=None,
                     help="number of features of svmlight input (default: largest index seen)")
     ap.add_argument("--reg", type=float, default=1e-3, help="L2 strength (sklearn C = 1/(n*reg))")
-    ap.add_argument("--tol", type=float, default=1e-6, help="stop when ||gradient|| < tol")
+    ap.add_argument("--tol", type=float, default=1e-6,
+                    help="stop when ||gradient|| < tol (0: run --max-iter iterations)")
     ap.add_argument("--max-iter", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=None,
                     help=f"data partitions (default: {PARTITIONS_PER_WORKER} per worker)")
@@ -263,7 +264,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--generate N,D must be positive, got {args.generate!r}")
         args.n, args.d = n, d
     bad = out_of_range(("--reg", args.reg, args.reg >= 0, ">= 0"),
-                       ("--tol", args.tol, args.tol > 0, "> 0"),
+                       ("--tol", args.tol, args.tol >= 0, ">= 0"),
                        ("--max-iter", args.max_iter, args.max_iter >= 0, ">= 0"))
     if bad:
         ap.error(bad)

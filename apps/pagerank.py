@@ -444,7 +444,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="with --generate: scatter vertex ids over [0, 2**40)")
     ap.add_argument("--damping", type=float, default=0.85)
     ap.add_argument("--tol", type=float, default=1e-10,
-                    help="stop when the L1 change of the ranks is below this")
+                    help="stop when the L1 change of the ranks is below this (0: run --max-iter "
+                         "iterations)")
     ap.add_argument("--max-iter", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=None,
                     help="edge partitions, a perfect square g*g (default: the smallest square "
@@ -475,7 +476,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.n_vertices, args.n_edges = v, e
     if not (0.0 < args.damping < 1.0):
         ap.error(f"--damping must be in (0, 1), got {args.damping}")
-    bad = out_of_range(("--tol", args.tol, args.tol > 0, "> 0"),
+    bad = out_of_range(("--tol", args.tol, args.tol >= 0, ">= 0"),
                        ("--max-iter", args.max_iter, args.max_iter >= 0, ">= 0"),
                        ("--top", args.top, args.top >= 0, ">= 0"))
     if bad:

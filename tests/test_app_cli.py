@@ -185,7 +185,7 @@ def test_the_loop_reports_to_rank_0_only_when_the_progress_is_shown(tmp_path: Pa
 
 @pytest.mark.parametrize(("app", "bad", "says"), [
     ("logistic_regression", ["--reg", "-1"], "--reg must be >= 0, got -1.0"),
-    ("logistic_regression", ["--tol", "0"], "--tol must be > 0, got 0.0"),
+    ("logistic_regression", ["--tol", "-1"], "--tol must be >= 0, got -1.0"),
     ("kmeans", ["--max-iter", "-2"], "--max-iter must be >= 0, got -2"),
     ("pagerank", ["--top", "-1"], "--top must be >= 0, got -1"),
 ])

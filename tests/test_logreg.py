@@ -109,7 +109,7 @@ def test_arguments_parse_to_the_problem_they_describe() -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
-    for argv in (["--generate", "10"], ["--generate", "0,3"], ["--tol", "0"],
+    for argv in (["--generate", "10"], ["--generate", "0,3"], ["--tol", "-1"],
                  ["--max-iter", "-1"], ["--reg", "-1"], ["--partitions", "0"],
                  ["--input", "a.svm", "--generate", "10,3"]):
         with pytest.raises(SystemExit):
@@ -142,6 +142,16 @@ def test_zero_iterations_return_the_start_with_its_true_objective_and_gradient(
     assert r[1] == pytest.approx(np.log(2.0), rel=1e-13)
     assert r[2] == pytest.approx(np.linalg.norm(grad), rel=1e-12)
     assert got[1][0] == 1 and np.array_equal(got[1][1:3], r[1:3])
+
+
+def test_tol_0_runs_exactly_max_iter_iterations(cancer: dict) -> None:
+    # it was refused ("--tol must be > 0"), though k-means and power iteration take 0, and a
+    # fixed number of iterations is what a timing wants
+    args = lr.parse_args(["--input", str(cancer["dir"] / "cancer.npz"), "--reg", str(REG),
+                          "--tol", "0", "--max-iter", "40", "--partitions", "3"])
+    prog, _ = lr.build(args, 2)
+    r = canary.run_local(prog, workers=2).value("result")
+    assert r[0] == 40 and r[2] > 0  # not converged, as no gradient is below 0
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 40.0])

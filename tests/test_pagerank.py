@@ -131,6 +131,9 @@ def test_max_iter_bounds_the_loop() -> None:
     _, ranks, s = run_pr(["--generate", "200,1000", "--max-iter", "3", "--partitions", "4"])
     assert s[pr.T_ITER] == 3 and s[pr.T_L1] > 1e-10
     assert abs(ranks.sum() - 1.0) <= 1e-12
+    # --tol 0: --max-iter iterations, however small the change gets
+    _, ranks, s = run_pr(["--generate", "200,1000", "--max-iter", "150", "--tol", "0"])
+    assert s[pr.T_ITER] == 150 and s[pr.T_L1] < 1e-10
 
 
 @pytest.mark.parametrize("body,line,what", [
