@@ -284,7 +284,11 @@ class ControllerState(ControllerSnapshots):
         g, i, src, dst, why = self.in_flight.pop(ev.move)
         self.migrations += 1
         self.bytes_migrated += ev.nbytes
-        names = ", ".join(d.name for d in self.program.groups[g])
+        group = self.program.groups[g]
+        # a dozen names (PageRank's edge blocks) hide the line's point: which worker, and why
+        names = ", ".join(d.name for d in group) if len(group) <= 4 else \
+            f"{', '.join(d.name for d in group[:3])} and the {len(group) - 3} other datasets " \
+            "placed with them"
         # the time is the last tick's (a few per second): when, among the progress lines
         out: list[Any] = [Progress(f"canary: moved partition {i} of {names} from worker {src} to "
                                    f"worker {dst} ({size_text(ev.nbytes)}, {self._now:.1f} s "

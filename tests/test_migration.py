@@ -414,6 +414,25 @@ def test_a_partition_under_way_does_not_move_again_until_its_move_is_done() -> N
     assert c.handle(MoveRequest(53, ((ga, 0, 0),))) != []  # done: it may move again
 
 
+def test_a_move_of_many_datasets_names_three_and_counts_the_others() -> None:
+    # PageRank's edge blocks are 13 datasets: all their names buried who moved and why
+    p = Program("many")
+    xs = [p.dataset(f"x{k}", 2) for k in range(6)]
+    p.load(xs, lambda i, n: tuple(np.zeros(1) for _ in range(6)))
+    p.compute(lambda *v: v[0] + 1.0, xs, [xs[0]], name="sum")
+    p.report(xs[0])
+    p = p.finalize()
+    g = group_of(p, "x0")
+    assert len(p.groups[g]) == 6
+    c = ControllerState(p, 2)
+    for w in range(2):
+        c.handle(Hello(w + 1, w, p.digest, p.statements()))
+    c.handle(MoveRequest(50, ((g, 0, 1),)))
+    line = c.handle(MigrateDone(51, 1, 1, 64))[0].line
+    assert "moved partition 0 of x0, x1, x2 and the 3 other datasets placed with them from " \
+           "worker 0 to worker 1 (64 B," in line, line
+
+
 def test_the_job_finishes_only_once_no_partition_is_under_way() -> None:
     c, p = placed_controller(2)
     c.handle(MoveRequest(50, ((group_of(p, "a"), 0, 1),)))
