@@ -423,7 +423,7 @@ class JobEnd:
     aborts: dict[int, int] = field(default_factory=dict)
     wrote_stderr: set[int] = field(default_factory=set)
     host: str = ""  # this host's name: ranks elsewhere are named with their host
-    snapshots: JobSnapshots = field(default_factory=lambda: JobSnapshots())
+    snapshots: JobSnapshots = field(default_factory=JobSnapshots)
     mpiexec_pid: int = 0
     stuck: str | None = None  # mpiexec's child whose end made the launcher stop the job
     bad_end: tuple[int, str, int | None] | None = None  # see OutputFilter.bad_end
