@@ -631,7 +631,22 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
                         f"rank's sentinel); {_lost(end)}"]
     if not rec.starts:  # the ranks could not record (another host, or another MPI): trust mpiexec
         code = end.mpiexec_status
-        return (code if code >= 0 else 128 - code), []
+        if code == 0:
+            return 0, []
+        # Why a line: hydra ORs its processes' wait statuses together, so a rank killed on
+        # another host can end canary run with 9, 11 or 15 and nothing else said
+        named = ""
+        if end.bad_end is not None:
+            pid, host, banner = end.bad_end
+            if banner is not None:
+                where = "this host" if host == end.host else host
+                named = (f"; hydra names pid {pid} on {where}, which "
+                         f"{how_it_ended(banner_returncode(banner))[0]}")
+        return code, [f"canary: the job ended with mpiexec's exit status {code}{named}; no rank "
+                      "could record here how it ended (ranks on other hosts record only where "
+                      "the run folder is shared): see the ranks' own lines above. MPICH's "
+                      "mpiexec combines the ranks' statuses, so a status below 64 may also be "
+                      f"the number of a signal that killed one; {_lost(end)}"]
     status = end.mpiexec_status if end.mpiexec_status > 0 else 1
     names = ", ".join(name(r) for r in unfinished)
     return status, [f"canary: the job ended before it finished ({names} did not finish); "

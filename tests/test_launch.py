@@ -371,8 +371,27 @@ def test_a_sentinel_killed_before_its_rank_started_is_said_and_relaunched() -> N
     status, lines = verdict(end(records(starts=0), 15, bad_end=(300, "here", 15)))
     assert status == 143 and "it was killed by SIGTERM" in lines[0]
     # no start recorded, and hydra names a process of another host: the ranks there cannot
-    # record here, so mpiexec's status is all there is
-    assert verdict(end(records(starts=0), 2, bad_end=(300, "there", 2))) == (2, [])
+    # record here, so mpiexec's status is all there is, and the line says what hydra said
+    status, lines = verdict(end(records(starts=0), 2, bad_end=(300, "there", 2)))
+    assert status == 2 and lines == [
+        "canary: the job ended with mpiexec's exit status 2; hydra names pid 300 on there, "
+        f"which was killed by SIGINT; {NOT_RECORDED}; {LOST}"]
+    assert not rank_lost(end(records(starts=0), 2, bad_end=(300, "there", 2)), status)
+
+
+# what the line for a failed job none of whose ranks could record says after its status
+NOT_RECORDED = ("no rank could record here how it ended (ranks on other hosts record only where "
+                "the run folder is shared): see the ranks' own lines above. MPICH's mpiexec "
+                "combines the ranks' statuses, so a status below 64 may also be the number of a "
+                "signal that killed one")
+
+
+def test_a_failed_job_none_of_whose_ranks_recorded_says_so_with_mpiexecs_status() -> None:
+    # every rank on other hosts: hydra ORs their wait statuses, and canary run ended with 11
+    # or 15 and nothing said
+    assert verdict(end(records(starts=0), 11)) == (
+        11, [f"canary: the job ended with mpiexec's exit status 11; {NOT_RECORDED}; {LOST}"])
+    assert verdict(end(records(starts=0), 0)) == (0, [])  # the job's own lines said it all
 
 
 def test_bootstrap_watch_stops_an_mpiexec_left_without_process_managers() -> None:
