@@ -642,11 +642,16 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
                 where = "this host" if host == end.host else host
                 named = (f"; hydra names pid {pid} on {where}, which "
                          f"{how_it_ended(banner_returncode(banner))[0]}")
-        return code, [f"canary: the job ended with mpiexec's exit status {code}{named}; no rank "
-                      "could record here how it ended (ranks on other hosts record only where "
-                      "the run folder is shared): see the ranks' own lines above. MPICH's "
-                      "mpiexec combines the ranks' statuses, so a status below 64 may also be "
-                      f"the number of a signal that killed one; {_lost(end)}"]
+        # a driver may have ended so by itself, its results out: where it can go on from is
+        # said only to a job that kept snapshots
+        line = (f"canary: the job ended with mpiexec's exit status {code}{named}; no rank could "
+                "record here how it ended (ranks on other hosts record only where the run "
+                "folder is shared): see the ranks' own lines above. MPICH's mpiexec combines "
+                "the ranks' statuses, so a status below 64 may also be the number of a signal "
+                "that killed one")
+        if end.snapshots.folder:
+            line += f"; {_lost(end)}"
+        return code, [line]
     status = end.mpiexec_status if end.mpiexec_status > 0 else 1
     names = ", ".join(name(r) for r in unfinished)
     return status, [f"canary: the job ended before it finished ({names} did not finish); "

@@ -253,7 +253,8 @@ def test_a_signal_mpiexec_received_from_outside_is_a_stop_not_a_rank_death() -> 
 
 
 def test_without_records_mpiexec_is_trusted_and_a_late_death_does_not_undo_success() -> None:
-    assert verdict(end(RunRecords({}, {}, {}), 3)) == (3, [])
+    assert verdict(end(RunRecords({}, {}, {}), 3)) == (
+        3, [f"canary: the job ended with mpiexec's exit status 3; {NOT_RECORDED}"])
     assert verdict(end(RunRecords({}, {}, {}), -9)) == (137, [
         f"canary: mpiexec was killed by SIGKILL before the job finished; {LOST}"])
     status, lines = verdict(end(records(ends={0: 0, 1: 0}, gone={2: (-9, 1.0)}), 9))
@@ -375,7 +376,7 @@ def test_a_sentinel_killed_before_its_rank_started_is_said_and_relaunched() -> N
     status, lines = verdict(end(records(starts=0), 2, bad_end=(300, "there", 2)))
     assert status == 2 and lines == [
         "canary: the job ended with mpiexec's exit status 2; hydra names pid 300 on there, "
-        f"which was killed by SIGINT; {NOT_RECORDED}; {LOST}"]
+        f"which was killed by SIGINT; {NOT_RECORDED}"]
     assert not rank_lost(end(records(starts=0), 2, bad_end=(300, "there", 2)), status)
 
 
@@ -388,9 +389,15 @@ NOT_RECORDED = ("no rank could record here how it ended (ranks on other hosts re
 
 def test_a_failed_job_none_of_whose_ranks_recorded_says_so_with_mpiexecs_status() -> None:
     # every rank on other hosts: hydra ORs their wait statuses, and canary run ended with 11
-    # or 15 and nothing said
+    # or 15 and nothing said. Where its snapshots are is said to a job that kept them; that
+    # its results are lost is not said, as a driver may have ended so by itself
     assert verdict(end(records(starts=0), 11)) == (
-        11, [f"canary: the job ended with mpiexec's exit status 11; {NOT_RECORDED}; {LOST}"])
+        11, [f"canary: the job ended with mpiexec's exit status 11; {NOT_RECORDED}"])
+    kept = end(records(starts=0), 15, snapshots=JobSnapshots("/nowhere"))
+    assert verdict(kept) == (15, [
+        f"canary: the job ended with mpiexec's exit status 15; {NOT_RECORDED}; the job's results "
+        "are lost: it had committed no snapshot to /nowhere yet (the first comes "
+        "--checkpoint-every seconds into the run)"])
     assert verdict(end(records(starts=0), 0)) == (0, [])  # the job's own lines said it all
 
 
