@@ -243,8 +243,6 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
                         task, resume = other(ins, task, resume)
                 if type(ev) is TaskFailed:
                     _wait_for_abort(tx, ev.message)
-            if stats is not None:
-                _note_done(stats, state)
             now = perf_counter()
             if n == batch:
                 dt = now - t_batch
