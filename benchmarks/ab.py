@@ -10,7 +10,8 @@ B then A), so that a burst of load hits both; per-iteration times come from the 
 this repository, which is checked out into a temporary ``git worktree`` for the run.
 ``--env-a`` / ``--env-b NAME=VALUE`` set environment variables for one side's ranks, and
 ``--args-a`` / ``--args-b "FLAGS"`` add flags to one side's app command line, so one
-checkout can be compared with itself under two settings. Each row
+checkout can be compared with itself under two settings. ``--bind-to LEVEL`` binds both sides'
+ranks (``mpiexec -bind-to LEVEL``), as clusters usually launch them. Each row
 also says whether both sides ended with the same answer (the app's summary: objective,
 inertia or rank sum, and iterations): a change meant only to be faster should keep it.
 
@@ -23,6 +24,7 @@ differences B - A (one per round), and how many rounds B was faster.
     python benchmarks/ab.py PATH/TO/OTHER/CHECKOUT --quick   # tiny (tests)
     python benchmarks/ab.py HEAD HEAD --env-a CANARY_TRACE_LEVEL=full   # one checkout, two settings
     python benchmarks/ab.py . . --args-a="--partitions 8" --args-b="--partitions 2"
+    python benchmarks/ab.py HEAD~1 --bind-to core --size 200000,20 --iters 2000  # ranks bound
 """
 
 from __future__ import annotations
@@ -97,8 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="flags added to side A's app command line, e.g. \"--partitions 8\"")
     ap.add_argument("--args-b", default="", metavar="FLAGS",
                     help="flags added to side B's app command line")
+    ap.add_argument("--bind-to", default=None, metavar="LEVEL",
+                    help="bind the ranks of both sides: mpiexec -bind-to LEVEL (MPICH's "
+                         "hydra: core, socket, ...)")
     ap.add_argument("--quick", action="store_true", help="tiny size, 1 round of 5 iterations")
     args = ap.parse_args(argv)
+    bind = ["-bind-to", args.bind_to] if args.bind_to else []
     envs = {"a": env_pairs(ap, args.env_a), "b": env_pairs(ap, args.env_b)}
     flags = {"a": shlex.split(args.args_a), "b": shlex.split(args.args_b)}
     if args.quick:
@@ -117,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                     trace = f"{args.trace}.{side}.json" if args.trace and r == 0 else None
                     got = run_canary(args.app, _data(args.app, size, tmp), args.workers,
                                      args.iters, _extra(args.app) + flags[side], args.timeout,
-                                     trace, env_extra=envs[side], root=roots[side])
+                                     trace, env_extra=envs[side], root=roots[side],
+                                     mpiexec_flags=bind)
                     times[side].append(got["seconds"])
                     row[f"{side}_s"] = got["seconds"]
                     answers[side] = {k: got["summary"].get(k) for k in ANSWER_KEYS
@@ -136,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": "ab", "app": args.app, "size": ",".join(map(str, size)),
         "iters": args.iters, "rounds": args.rounds, "base": args.base, "changed": args.changed,
         "env_a": envs["a"], "env_b": envs["b"], "args_a": flags["a"], "args_b": flags["b"],
+        "bind_to": args.bind_to,
         "median_ms": {s: round(statistics.median(v) * 1e3, 3) for s, v in times.items()},
         "median_diff_ms": round(statistics.median(diffs) * 1e3, 3),
         "b_faster_rounds": sum(d < 0 for d in diffs),

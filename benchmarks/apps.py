@@ -274,10 +274,12 @@ def bound_pagerank(v: int, e: int, threads: int, iters: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ canary runs
 def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[str],
                timeout: int, trace: str | None,
-               env_extra: dict[str, str] | None = None, root: Path = ROOT) -> dict[str, Any]:
+               env_extra: dict[str, str] | None = None, root: Path = ROOT,
+               mpiexec_flags: list[str] | None = None) -> dict[str, Any]:
     """One canary run; ``data`` is ``["--generate", "N,D"]`` or ``["--input", PATH, ...]``;
     ``env_extra`` is added to the environment of the ranks (e.g. ``CANARY_SPIN_US``); ``root``
-    is the checkout whose canary and app run (``benchmarks/ab.py`` compares two)."""
+    is the checkout whose canary and app run (``benchmarks/ab.py`` compares two);
+    ``mpiexec_flags`` go to mpiexec before the program (e.g. ``["-bind-to", "core"]``)."""
     from canary.cli import find_mpiexec, mpiexec_env
     from canary.mpich_shm import remove_orphans
 
@@ -288,7 +290,8 @@ def run_canary(app: str, data: list[str], workers: int, iters: int, extra: list[
         # untraced path; a full trace costs every task its record.
         level = "full" if trace else "loop"
         trace = trace or os.path.join(tmp, "trace.json")
-        cmd = [find_mpiexec(), "-n", str(workers + 1), sys.executable, "-m", "mpi4py",
+        cmd = [find_mpiexec(), "-n", str(workers + 1), *(mpiexec_flags or []),
+               sys.executable, "-m", "mpi4py",
                str(root / "benchmarks" / "peak_rss.py"), tmp,
                str(root / "apps" / f"{app}.py"), *data, "--max-iter", str(iters),
                "--print-every", "0", "--metrics", metrics, *extra]

@@ -12,7 +12,7 @@ it saw the message, and its own CPU time over the run. Variants:
 * ``tight_slack``: the same with 1 µs timer slack (``canary.idle.tight_timer_slack``);
 * ``spin_1ms``: also polling hot for 1 ms after each message (``spin_s``; a worker polls hot
   for ``worker.runtime.SPIN_S``, 50 ms, where every worker has a core:
-  ``canary.idle.workers_fit_cores``);
+  ``canary.idle.has_own_core``);
 * ``spin_always``: polling hot all the time, the floor (a core at 100%).
 
 It also times what encoding costs at the two ends of a hop: pickling and unpickling a piece or

@@ -323,7 +323,7 @@ def agreement(real: list[dict[str, Any]], quick: bool, timeout: int, net: Networ
     the median of each, and virtual over real. A worker spins when idle where the workers fit
     the cores, as over MPI. The machine's other load slows real and measured tasks alike, so
     the pairs are run close together."""
-    from canary.idle import workers_fit_cores
+    from canary.idle import core_placement, has_own_core
 
     rows = []
     for r0 in real:
@@ -331,7 +331,7 @@ def agreement(real: list[dict[str, Any]], quick: bool, timeout: int, net: Networ
             continue
         app, size, w, iters = r0["app"], tuple(r0["size"]), r0["workers"], r0["iterations"]
         argv = app_argv(app, size, iters, tmp)
-        rt = replace(runtime, workers_spin=workers_fit_cores(w + 1))
+        rt = replace(runtime, workers_spin=has_own_core(0, [core_placement()] * w))
         virtual_run(app, argv, w, net, runtime=rt)  # warm-up: kernels compiled, data cached
         real_ms, virt_ms = [r0["iteration_ms"]], []
         for rep in range(max(1, reps)):

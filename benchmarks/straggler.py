@@ -16,7 +16,8 @@ the time of its tasks, stays the same at any count:
   way without the busy loop (balancing on), so that the ideal comes from the same placement:
   on a 16-core virtual machine the pinned runs of 8 workers ran slower all through than the
   unpinned equal run, beyond what the one competed worker explains (once it held nothing,
-  4.6 ms an iteration at the 10th percentile against 2.4 ms).
+  4.6 ms an iteration at the 10th percentile against 2.4 ms), at a time when a pinned worker
+  never polled hot when idle (``canary.idle.has_own_core`` now lets it).
 
 Each run's iterations are timed from the workers' own records of the loop test
 (``CANARY_TRACE_LEVEL=loop``) and each move from its trace span. The **ideal** iteration time

@@ -8,9 +8,10 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 
 class Backoff:
@@ -23,15 +24,56 @@ class Backoff:
     what a worker-to-worker hop costs otherwise: see :func:`tight_timer_slack`).
     """
 
+    #: Stop polling hot when the rank waited for a CPU more than this fraction of a period ...
+    STOP_HOT_AT = 0.10
+    #: ... and poll hot again after this many periods in a row under :attr:`RESUME_HOT_AT`,
+    #: twice as many after each stop (up to :attr:`MAX_QUIET`).
+    QUIET = 2
+    RESUME_HOT_AT = 0.05
+    MAX_QUIET = 64
+
     def __init__(self, min_sleep: float = 2e-5, max_sleep: float = 1e-3, spins: int = 20,
                  spin_s: float = 0.0) -> None:
         self.min_sleep = min_sleep
         self.max_sleep = max_sleep
         self.spins = spins
         self.spin_s = spin_s
+        self._hot_s = spin_s
+        self._quiet_needed = self.QUIET // 2  # doubled at the first stop
+        self._quiet = 0
         self._idle = 0
         self._sleep = min_sleep
         self._spin_until = 0.0
+
+    def note_cpu_wait(self, waited: float, interval: float) -> bool:
+        """Tell the back-off that the rank was ready to run but waited ``waited`` seconds for a
+        CPU in the last ``interval`` seconds (:func:`cpu_times`); returns whether it polls hot
+        from now on.
+
+        A rank given a core of its own (``spin_s`` > 0) can still find another process on it: a
+        job the rank's placement did not count. Polling hot then keeps the rank runnable while
+        it has nothing to do, the kernel shares the core between the two by turns of
+        milliseconds, and the message the rank waits for is seen only at its next turn. Asleep,
+        it leaves the core to the other process between messages. So the rank stops polling
+        hot once it waited for a CPU more than :attr:`STOP_HOT_AT` of a period. It polls hot
+        again after :attr:`QUIET` periods in a row under :attr:`RESUME_HOT_AT`, and after each
+        later stop it waits twice as many (up to :attr:`MAX_QUIET`): a rank with little to do
+        sleeps through most of a period and waits little even beside a busy process, and
+        would otherwise find it again every other period. A rank that was never to poll hot
+        never does.
+        """
+        if not self._hot_s or interval <= 0:
+            return self.spin_s > 0
+        if waited > self.STOP_HOT_AT * interval:
+            if self.spin_s:
+                self.spin_s = 0.0
+                self._quiet_needed = min(self._quiet_needed * 2, self.MAX_QUIET)
+            self._quiet = 0
+        elif not self.spin_s:
+            self._quiet = self._quiet + 1 if waited < self.RESUME_HOT_AT * interval else 0
+            if self._quiet >= self._quiet_needed:
+                self.spin_s = self._hot_s
+        return self.spin_s > 0
 
     def reset(self) -> None:
         self._idle = 0
@@ -88,23 +130,36 @@ def freeze_startup_objects() -> bool:
     return True
 
 
-def workers_fit_cores(size: int, environ: Mapping[str, str] = os.environ,
-                      cores: int | None = None) -> bool:
-    """Whether this node has a core for every worker rank on it, in a job of ``size`` ranks
-    (the controller, rank 0, mostly sleeps and is not counted). The node's rank count comes
-    from the launcher's environment (MPICH's ``MPI_LOCALNRANKS``, Open MPI's
-    ``OMPI_COMM_WORLD_LOCAL_SIZE``); where neither is set, every rank is taken to be here.
-    ``cores`` defaults to the cores this process may run on."""
-    local = environ.get("MPI_LOCALNRANKS") or environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
-    here = int(local) if local and local.isdigit() else size
-    if here == size:  # one node: the controller is here too
-        here -= 1
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            cores = os.cpu_count() or 1
-    return here <= cores
+#: Where a rank runs: its host's name and the cores it may run on (its affinity mask).
+CorePlacement = tuple[str, frozenset[int]]
+
+
+def core_placement() -> CorePlacement:
+    """This process's :data:`CorePlacement`: ``socket.gethostname()`` and
+    ``os.sched_getaffinity(0)`` (every core ``os.cpu_count()`` names where there is no affinity,
+    as off Linux)."""
+    try:
+        cores = frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = frozenset(range(os.cpu_count() or 1))
+    return socket.gethostname(), cores
+
+
+def has_own_core(worker: int, placements: Sequence[CorePlacement]) -> bool:
+    """Whether worker ``worker`` can poll hot without taking a core another worker needs.
+
+    ``placements`` are the workers' (the controller, which mostly sleeps, is not counted), in
+    worker order. The worker is counted with every worker on its host whose cores overlap its
+    own, and it has a core of its own if they are no more than the cores they may run on
+    together. That is the rule for ranks left free on a node (4 workers on 16 cores: yes; 3 on
+    2: no), for a job confined to a few cores (``taskset -c 0,1 mpiexec -n 5``: 4 workers on
+    2 cores, no) and for ranks bound a core each (``mpiexec -bind-to core``, Open MPI's and
+    Slurm's usual binding): each has its core, unless the launcher had to put two on one.
+    Raises IndexError if ``worker`` has no placement.
+    """
+    host, cores = placements[worker]
+    sharing = [c for h, c in placements if h == host and c & cores]
+    return len(sharing) <= len(frozenset().union(*sharing))
 
 
 def cpu_times() -> tuple[float, float]:

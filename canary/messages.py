@@ -149,7 +149,7 @@ class LoadReport(Message):
     (the next stage instance it emits), ``pc`` and ``counters`` the same position as the
     interpreter's op index and loop counters (innermost last: the controller's progress line
     names the loop and iteration); ``cpu`` and ``cpu_wait`` the seconds it ran on a CPU and
-    waited for one (Linux)."""
+    waited for one (Linux); ``polls_hot`` whether it polls hot when idle, as of the report."""
 
     eid: int
     worker: int
@@ -163,6 +163,7 @@ class LoadReport(Message):
     cpu_wait: float = 0.0  # seconds ready to run but waiting for a CPU
     pc: int = 0  # the interpreter's op index (Program.ops)
     counters: tuple[int, ...] = ()  # its loop counters, innermost last: a few ints
+    polls_hot: bool = False  # it polls hot when idle (has a core to itself, nobody waits)
 
 
 @dataclass(slots=True)
@@ -424,6 +425,7 @@ class Tick(Message):
     idle: float = 0.0
     cpu: float = 0.0  # seconds the worker ran on a CPU since the last tick (0: not measured)
     cpu_wait: float = 0.0  # seconds it was ready to run but waited for a CPU (another process)
+    polls_hot: bool = False  # the worker polls hot when idle (canary.idle.Backoff.note_cpu_wait)
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from canary.env import (
     env_number,
 )
 from canary.errors import JobAborted
-from canary.idle import Backoff
+from canary.idle import Backoff, core_placement
 from canary.local_runner import run_local
 from canary.program import Program, check_program
 from canary.ranks import RankRun, abort_job, rank_in_job
@@ -130,6 +130,9 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         # The engine talks on its own copy of the communicator: a driver that also uses the one
         # it passed (COMM_WORLD, say) cannot receive canary's messages or collide with its tags.
         comm = given.Dup()
+        # which workers share cores decides which may poll hot when idle: only the ranks'
+        # affinity masks together tell that, once ranks are bound a core each
+        placements = comm.allgather(core_placement())
         tracer = (Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}",
                          loop_only=loop_only) if path else None)
         result: JobResult | None = None
@@ -147,7 +150,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
 
             run_worker(program, comm, config, tracer=tracer,
                        checkpoint_dir=None if checkpoint is None else checkpoint.directory,
-                       resume_from=resume_from)
+                       resume_from=resume_from, placements=placements[1:])
         if tracer is not None and path:
             try:
                 gather_and_write(comm, tracer, path, {"program": program.name,

@@ -120,7 +120,8 @@ class Tracer:
             "ph": "C", "name": f"worker {rep.worker} load", "cat": "load", "pid": self.rank,
             "tid": 0, "ts": ts,
             "args": {"busy": round(min(max(1.0 - rep.idle / interval, 0.0), 1.0), 4),
-                     "waiting for a CPU": round(min(rep.cpu_wait / interval, 1.0), 4)}})
+                     "waiting for a CPU": round(min(rep.cpu_wait / interval, 1.0), 4),
+                     "polls hot": int(rep.polls_hot)}})
         self.events.append({
             "ph": "i", "s": "p", "name": "LoadReport", "cat": "load", "pid": self.rank,
             "tid": 0, "ts": ts,
@@ -128,7 +129,7 @@ class Tracer:
                      "busy": [list(row) for row in rep.busy], "idle": rep.idle,
                      "tasks": rep.tasks, "seq": rep.seq, "done": rep.done, "cpu": rep.cpu,
                      "cpu_wait": rep.cpu_wait, "pc": rep.pc,
-                     "counters": list(rep.counters)}})
+                     "counters": list(rep.counters), "polls_hot": rep.polls_hot}})
 
     def send(self, dest: int, msg: Any, t: float | None = None) -> None:
         """Message ``msg`` sent to rank ``dest`` (a flow starts)."""
@@ -216,7 +217,8 @@ def load_reports(events: list[dict[str, Any]]) -> list[tuple[float, Any]]:
                              tuple((g, i, sec, nb) for g, i, sec, nb in a["busy"]), a["idle"],
                              a["tasks"], a["seq"], a["done"], a["cpu"], a["cpu_wait"],
                              # traces written before reports carried the position lack them
-                             a.get("pc", 0), tuple(a.get("counters", ())))
+                             a.get("pc", 0), tuple(a.get("counters", ())),
+                             a.get("polls_hot", False))
             out.append((e["ts"] / 1e6, rep))
     out.sort(key=lambda pair: pair[0])
     return out

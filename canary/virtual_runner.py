@@ -97,7 +97,7 @@ class Runtime:
     * ``oversleep_s``: how much longer than asked an idle rank's sleep lasts (timer slack and
       the kernel's wake-up);
     * ``workers_spin``: every worker has a core to itself, so after a batch of tasks it polls
-      hot for ``WorkerConfig.spin_s`` before it sleeps (``canary.idle.workers_fit_cores``);
+      hot for ``WorkerConfig.spin_s`` before it sleeps (``canary.idle.has_own_core``);
     * ``controller_max_sleep_s``: the controller's longest idle sleep;
     * ``sleeps``: idle ranks back off as below (False: they poll all the time).
 

@@ -374,6 +374,10 @@ def test_ab_sets_each_sides_environment_and_flags(tmp_path: Path) -> None:
     proc = subprocess.run([*ab, "--env-a", "CANARY_TRACE_LEVEL"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "expect NAME=VALUE" in proc.stderr
+    # --bind-to reaches mpiexec: a level hydra does not know is hydra's error, named
+    proc = subprocess.run([*ab, "--bind-to", "bogus"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and 'unrecognized directive "bogus"' in proc.stderr
 
 
 def test_ab_names_a_base_that_is_neither_a_checkout_nor_a_revision(tmp_path: Path) -> None:

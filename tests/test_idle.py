@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import canary.idle as idle
-from canary.idle import Backoff, tight_timer_slack, workers_fit_cores
-from tests.conftest import ROOT
+from canary.idle import (
+    Backoff,
+    CorePlacement,
+    core_placement,
+    has_own_core,
+    tight_timer_slack,
+)
+from canary.trace import load_events, load_reports
+from tests.conftest import ROOT, mpirun
 
 
 class FakeClock:
@@ -61,17 +71,135 @@ def test_backoff_polls_hot_for_spin_s_after_each_reset(clock: FakeClock) -> None
     assert clock.slept == [1e-5]
 
 
-@pytest.mark.parametrize("env,size,cores,fits", [
-    ({"MPI_LOCALNRANKS": "3"}, 3, 2, True),  # one node: controller + 2 workers on 2 cores
-    ({"MPI_LOCALNRANKS": "4"}, 4, 2, False),  # 3 workers on 2 cores
-    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 5, 2, True),  # 2 of 5 ranks here (maybe the controller)
-    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 5, 2, False),
-    ({}, 3, 2, True),  # no launcher variables: all ranks taken to be here
-    ({}, 9, 4, False),
+def _free(n: int, cores: int, host: str = "a") -> list[CorePlacement]:
+    return [(host, frozenset(range(cores)))] * n
+
+
+def _polls_hot_after(b: Backoff, clock: FakeClock) -> bool:
+    """Whether ``b``, just reset, polls hot: it sleeps on none of 20 polls within 1 ms."""
+    b.reset()
+    before = len(clock.slept)
+    for _ in range(20):
+        b.sleep()
+        clock.now += 1e-5
+    return len(clock.slept) == before
+
+
+def test_backoff_stops_polling_hot_while_the_rank_waits_for_its_cpu(clock: FakeClock) -> None:
+    b = Backoff(min_sleep=1e-5, max_sleep=1e-4, spins=2, spin_s=1e-3)
+    assert _polls_hot_after(b, clock)
+    assert b.note_cpu_wait(0.04, 0.5) is True  # 8%: between the two thresholds, as it was
+    assert b.note_cpu_wait(0.2, 0.5) is False  # 40% of its time waiting: another process
+    assert not _polls_hot_after(b, clock)
+    assert b.note_cpu_wait(0.04, 0.5) is False  # 8%: not quiet enough
+    assert b.note_cpu_wait(0.01, 0.5) is False  # 2%: quiet, once
+    assert not _polls_hot_after(b, clock)
+    assert b.note_cpu_wait(0.01, 0.5) is True  # twice in a row: the core is its own again
+    assert _polls_hot_after(b, clock)
+    assert b.note_cpu_wait(0.0, 0.0) is True  # no interval: nothing learnt
+    # found again: it now waits 4 quiet periods, then 8, and never more than MAX_QUIET
+    for needed in (4, 8, 16, 32, 64, 64):
+        assert b.note_cpu_wait(0.3, 0.5) is False
+        assert [b.note_cpu_wait(0.0, 0.5) for _ in range(needed)] == [False] * (needed - 1) + [True]
+    b.note_cpu_wait(0.3, 0.5)
+    assert b.note_cpu_wait(0.01, 0.5) is False
+    assert b.note_cpu_wait(0.3, 0.5) is False  # a busy period starts the count again
+    assert [b.note_cpu_wait(0.0, 0.5) for _ in range(64)][-2:] == [False, True]
+
+
+def test_a_backoff_that_never_polls_hot_never_starts_to(clock: FakeClock) -> None:
+    b = Backoff(min_sleep=1e-5, max_sleep=1e-4, spins=2)
+    assert b.note_cpu_wait(0.0, 0.5) is False
+    assert not _polls_hot_after(b, clock)
+
+
+@pytest.mark.parametrize("placements,worker,own", [
+    (_free(2, 2), 0, True),  # one node: 2 workers on 2 cores (the controller is not counted)
+    (_free(3, 2), 2, False),  # 3 workers on 2 cores
+    (_free(4, 16), 3, True),
+    (_free(2, 2) + _free(3, 2, "b"), 0, True),  # two hosts: 2 here, 3 there
+    (_free(2, 2) + _free(3, 2, "b"), 4, False),
+    (_free(4, 2), 0, False),  # taskset -c 0,1 on a larger machine: 4 workers, 2 cores
+    # bound a core each (mpiexec -bind-to core): each has its own, one mask of 1 core
+    ([("a", frozenset({k})) for k in range(4)], 2, True),
+    # bound, oversubscribed: the launcher put workers 0 and 2 on core 0
+    ([("a", frozenset({0})), ("a", frozenset({1})), ("a", frozenset({0}))], 0, False),
+    ([("a", frozenset({0})), ("a", frozenset({1})), ("a", frozenset({0}))], 1, True),
+    # two workers bound to a socket's 4 cores each, one free over all 8: 3 on 8
+    ([("a", frozenset(range(4))), ("a", frozenset(range(4, 8))), ("a", frozenset(range(8)))],
+     0, True),
+    # the same cores on another host are other cores
+    ([("a", frozenset({0})), ("b", frozenset({0}))], 0, True),
 ])
-def test_workers_fit_cores_counts_the_workers_on_this_node(env: dict, size: int, cores: int,
-                                                           fits: bool) -> None:
-    assert workers_fit_cores(size, env, cores) is fits
+def test_has_own_core_counts_the_workers_that_share_this_ones_cores(
+        placements: list[CorePlacement], worker: int, own: bool) -> None:
+    assert has_own_core(worker, placements) is own
+
+
+def test_core_placement_is_this_process_host_and_affinity() -> None:
+    host, cores = core_placement()
+    assert host == socket.gethostname()
+    assert cores and cores <= set(range(os.cpu_count() or 1))
+    if hasattr(os, "sched_getaffinity"):
+        assert cores == os.sched_getaffinity(0)
+
+
+def _polls_hot_by_worker(tmp_path: Path, cores: list[int]) -> dict[int, list[bool]]:
+    """Run ``tests/drivers/pinned.py`` with rank ``r`` bound to ``cores[r]`` and a load report
+    every 100 ms: each worker's reports, in order, as whether it polled hot."""
+    trace = tmp_path / "t.json"
+    r = mpirun(len(cores), "tests/drivers/pinned.py", str(trace), ",".join(map(str, cores)),
+               env_extra={"CANARY_REPORT_MS": "100", "CANARY_TRACE_LEVEL": "loop",
+                          "CANARY_BALANCE": "off"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert float(r.stdout.split()[-1]) > 0  # the job ran to its end
+    hot: dict[int, list[bool]] = {}
+    for _, rep in load_reports(load_events(str(trace))):
+        hot.setdefault(rep.worker, []).append(rep.polls_hot)
+    assert sorted(hot) == list(range(len(cores) - 1)) and all(hot.values()), hot
+    return hot
+
+
+@pytest.fixture
+def two_cores() -> list[int]:
+    cores = sorted(os.sched_getaffinity(0))
+    assert len(cores) >= 2, "these runs bind ranks to two cores; this machine gives us one"
+    return cores[:2]
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_workers_bound_a_core_each_poll_hot_unless_two_share_one(
+        ranks: int, two_cores: list[int], tmp_path: Path) -> None:
+    # as mpiexec -bind-to core binds them: rank r on core r mod 2, so with 3 workers,
+    # workers 0 and 2 share a core and must not poll hot; the others have a core each (a
+    # worker's mask of one core said "oversubscribed" to each before, and none polled hot)
+    a, b = two_cores
+    cores = [a, b, a, b][:ranks]
+    hot = _polls_hot_by_worker(tmp_path, cores)
+    shared = {w for w in hot if cores[1:].count(cores[w + 1]) > 1}
+    for w, reports in hot.items():
+        if w in shared:
+            assert not any(reports), (w, hot)
+        else:
+            assert any(reports), (w, hot)
+    assert shared == ({0, 2} if ranks == 4 else set())
+
+
+def test_a_worker_whose_core_another_process_takes_stops_polling_hot(
+        two_cores: list[int], tmp_path: Path) -> None:
+    a, b = two_cores
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{b}}})"
+                            "\nwhile True: pass"])
+    try:
+        hot = _polls_hot_by_worker(tmp_path, [a, a, b])
+    finally:
+        hog.kill()
+        hog.wait()
+    # worker 1 shares its core with the busy loop: after its first report it stays asleep
+    # when idle (it could poll hot again only after 2 quiet reports in a row); worker 0 has
+    # a core to itself and polls hot
+    assert sum(hot[1]) <= max(1, len(hot[1]) // 4), hot
+    assert any(hot[0]), hot
 
 
 def test_tight_timer_slack_sets_the_process_slack() -> None:

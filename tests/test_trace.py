@@ -46,7 +46,7 @@ def test_a_batch_of_pieces_is_traced_with_its_stage_instance() -> None:
 def test_load_reports_are_read_back_as_they_were_received() -> None:
     tr = Tracer(0, "controller")
     sent = [LoadReport(11, 1, 0.5, ((0, 3, 0.125, 4096), (2, 0, 0.01, 8)), 0.25, 40, 812, False,
-                       0.3, 0.05, 17, (4, 250)),
+                       0.3, 0.05, 17, (4, 250), True),
             LoadReport(12, 0, 0.5, (), 0.5, 0, 812, True)]
     tr.load_report(sent[0], 100.0)
     tr.load_report(sent[1], 100.5)
@@ -54,8 +54,8 @@ def test_load_reports_are_read_back_as_they_were_received() -> None:
     assert load_reports(ev) == [(0.0, sent[0]), (0.5, sent[1])]
     counters = [e for e in ev if e["ph"] == "C"]
     assert [(e["name"], e["args"]) for e in counters] == [
-        ("worker 1 load", {"busy": 0.5, "waiting for a CPU": 0.1}),
-        ("worker 0 load", {"busy": 0.0, "waiting for a CPU": 0.0})]
+        ("worker 1 load", {"busy": 0.5, "waiting for a CPU": 0.1, "polls hot": 1}),
+        ("worker 0 load", {"busy": 0.0, "waiting for a CPU": 0.0, "polls hot": 0})]
 
 
 def test_iteration_seconds_from_signal_instances() -> None:

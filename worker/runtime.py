@@ -8,6 +8,7 @@ It sends what the state says to send, runs the one task the state hands out and 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from itertools import count
 from typing import Any
 
@@ -16,10 +17,12 @@ from mpi4py import MPI
 from canary.errors import JobAborted, TaskError
 from canary.idle import (
     Backoff,
+    CorePlacement,
+    core_placement,
     cpu_times,
     freeze_startup_objects,
+    has_own_core,
     tight_timer_slack,
-    workers_fit_cores,
 )
 from canary.messages import (
     CONTROLLER,
@@ -56,7 +59,8 @@ from canary.worker.tasks import K_FUSED, K_SIGNAL, RunTask, Task
 def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = None,
                stats: dict[str, float] | None = None,
                tracer: Tracer | None = None, checkpoint_dir: str | None = None,
-               resume_from: Manifest | None = None) -> WorkerState:
+               resume_from: Manifest | None = None,
+               placements: Sequence[CorePlacement] | None = None) -> WorkerState:
     """Run this rank as worker ``comm.rank - 1`` until the controller says Shutdown.
 
     ``config`` defaults to :meth:`WorkerConfig.from_env` (the ``CANARY_*`` variables). Raises
@@ -68,7 +72,9 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     (the only cost when it is None is one test per task). Snapshot parts are written under
     ``checkpoint_dir``; with ``resume_from`` the worker starts at that snapshot's position and reads
     the partitions it is given from it (raising :class:`canary.snapshot.SnapshotError` if they
-    cannot be read).
+    cannot be read). ``placements`` (every worker's host and cores, in worker order; default:
+    every worker placed as this one) tell whether this worker has a core to itself, and so
+    polls hot for a while when it runs out of work (:func:`canary.idle.has_own_core`).
     """
     config = WorkerConfig.from_env() if config is None else config
     load_array_functions()
@@ -83,8 +89,10 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     # worker waits for (a piece, a signal) usually comes within that, and is then seen at once
     # rather than up to one sleep later. Oversubscribed, spinning would steal the sender's CPU.
     tight_timer_slack()
+    if placements is None:
+        placements = [core_placement()] * state.n_workers
     backoff = Backoff(max_sleep=config.max_sleep_s, spins=200,
-                      spin_s=config.spin_s if workers_fit_cores(comm.Get_size()) else 0.0)
+                      spin_s=config.spin_s if has_own_core(state.worker, placements) else 0.0)
     ids = count(1)
     handle = state.handle
     send = tx.send
@@ -153,14 +161,17 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         return carry(handle(ev), task, resume)
 
     cpu_then = cpu_times()
+    tick_then = 0.0
 
     def tick(now: float, idle: float) -> Tick:
         """The report tick, with the CPU time used and waited for since the last one."""
-        nonlocal cpu_then
+        nonlocal cpu_then, tick_then
         cpu_now = cpu_times()
         on_cpu, waited = cpu_now[0] - cpu_then[0], cpu_now[1] - cpu_then[1]
         cpu_then = cpu_now
-        return Tick(local_event_id(rank, next(ids)), now, idle, on_cpu, waited)
+        hot = backoff.note_cpu_wait(waited, now - tick_then)
+        tick_then = now
+        return Tick(local_event_id(rank, next(ids)), now, idle, on_cpu, waited, hot)
 
     task: Task | None = None  # handed out by the state, not yet run
     resume = False  # the state yielded: feed it Resume once the sends before it are out
