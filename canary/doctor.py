@@ -3,14 +3,15 @@
 It starts one MPI rank per slot of the hostfile (or of the Slurm allocation, or one per core
 of this machine) and reports, as JSON lines on stdout and a readable summary on stderr:
 
-* every rank's host, cores (those the rank may run on), Python, canary, numpy, numba and
+* every rank's host, cores (how many and which the rank may run on), Python, canary, numpy, numba and
   mpi4py versions, the MPI library, and the numba cache (where compiled kernels are kept,
   whether the rank can write there, how many are cached);
 * MPI latency (half the round trip of an 8-byte message, median) and bandwidth (a 4 MiB
   message, best of the repetitions) between rank 0 and every other rank, marked same-host or
   cross-host;
 * problems: hosts whose environments differ (versions, which canary), a numba cache that
-  cannot be written; and a note where a host runs more ranks than it has cores.
+  cannot be written; and a note where ranks share cores (more ranks than the cores they may
+  run on; ranks bound a core each share none).
 
 Exit status: 0 when every rank came up and nothing differs, 1 when a problem was found, 2 when
 the hosts could not be used at all (the message says which and why; mpiexec is not started).
@@ -39,6 +40,7 @@ if __package__ in (None, ""):  # started as a script by mpiexec: import this che
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from canary.hosts import REACH_TIMEOUT, HostError, check_reachable, job_hosts, plan_ranks  # noqa: E402
+from canary.idle import core_placement, has_own_core  # noqa: E402
 
 LATENCY_BYTES = 8
 BANDWIDTH_BYTES = 4 << 20
@@ -73,11 +75,9 @@ def rank_facts() -> dict[str, Any]:
 
     import canary
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return {"host": socket.gethostname(), "cores": cores, "cpu_count": os.cpu_count(),
+    host, cores = core_placement()
+    return {"host": host, "cores": len(cores), "affinity": sorted(cores),
+            "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "executable": sys.executable,
             "canary": str(Path(canary.__file__).resolve().parent),
             "numpy": numpy.__version__, "numba": numba.__version__,
@@ -166,13 +166,17 @@ def problems(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
             out.append(f"rank {r['rank']} on {r['host']} cannot write numba's cache "
                        f"{cache['dir']}: every rank compiles every kernel at every start (set "
                        "NUMBA_CACHE_DIR to a writable node-local folder)")
-    per_host: dict[str, list[dict[str, Any]]] = {}
-    for r in ranks:
-        per_host.setdefault(r["host"], []).append(r)
-    for host, rs in per_host.items():
-        if len(rs) > rs[0]["cores"]:
-            notes.append(f"host {host} runs {len(rs)} ranks on {rs[0]['cores']} core(s): they "
-                       "share cores (fine for the controller, slower for workers)")
+    # the workers' rule (canary.idle.has_own_core), over every rank: ranks bound a core each
+    # have one core each and share none
+    placements = [(r["host"], frozenset(r.get("affinity", range(r["cores"])))) for r in ranks]
+    per_host: dict[str, list[int]] = {}
+    for k, r in enumerate(ranks):
+        if not has_own_core(k, placements):
+            per_host.setdefault(r["host"], []).append(k)
+    for host, ks in per_host.items():
+        cores = frozenset().union(*(placements[k][1] for k in ks))
+        notes.append(f"host {host} runs {len(ks)} ranks on {len(cores)} core(s): they "
+                     "share cores (fine for the controller, slower for workers)")
     return out, notes
 
 

@@ -47,6 +47,17 @@ def test_more_ranks_than_cores_on_a_host_is_a_note_not_a_problem() -> None:
     assert "no problem found" in summary([rank_row(0)], [], [])
 
 
+def test_ranks_bound_a_core_each_share_no_core() -> None:
+    # mpiexec -bind-to core: one core each, which the count alone took for 3 ranks on 1 core
+    bound = [rank_row(r, cores=1, affinity=[r]) for r in range(3)]
+    assert problems(bound) == ([], [])
+    # bound, but two to a core (more ranks than cores): only those two are named
+    wrapped = [rank_row(r, cores=1, affinity=[r % 2]) for r in range(3)] + [
+        rank_row(3, "h2", cores=1, affinity=[0])]
+    assert problems(wrapped)[1] == ["host h1 runs 2 ranks on 1 core(s): they share cores "
+                                    "(fine for the controller, slower for workers)"]
+
+
 def test_numba_cache_status_follows_numba_cache_dir(tmp_path: Path, monkeypatch: Any) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "k.nbi").write_text("")
