@@ -6,6 +6,7 @@ Speed is never asserted here: only shapes, keys and answers.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -433,6 +434,20 @@ def test_apps_names_a_peer_whose_answer_is_wrong(monkeypatch: pytest.MonkeyPatch
     assert row["peers_correct"] == {"dask_threaded": True, "pyspark_mappartitions": False}
     assert rows[-1]["peers_wrong"] == ["logistic_regression@20000,8:pyspark_mappartitions"]
     assert "pyspark_mappartitions's answer differs from numpy's" in err
+
+
+def test_core_share_quick_measures_a_burst_beside_a_busy_loop() -> None:
+    rows = run_bench("core_share.py", "--quick", "--slices", "20")
+    cases, summary = rows[:-1], rows[-1]
+    assert [(r["burst_ms"], r["duty"], r["slice_ms"]) for r in cases] == [(1.0, 0.3, 0.0),
+                                                                         (1.0, 0.3, 20.0)]
+    for r in cases:  # a burst's wall time is never shorter than its CPU time
+        assert r["bursts"] == 40 and 0.99 <= r["median"] <= r["p90"] <= r["p99"]
+    assert summary["summary"] == "core_share" and summary["cases"] == 2
+    assert summary["core"] in os.sched_getaffinity(0)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "core_share.py"),
+                           "--slices", "500"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "within 0.1 to 100 ms" in proc.stderr
 
 
 def test_straggler_quick_prints_each_run_and_a_summary(tmp_path: Path) -> None:
