@@ -52,6 +52,9 @@ worker has seeded spells of 1.2-1.6x slower tasks lasting 1.5-5 s (3 to 10 load 
 ``--spell-rate`` a second each (:func:`spell_noise`), the noise balanced runs showed on a shared
 machine: each row gives the moves of ``--spell-seeds`` runs, where none is the target.
 
+Each run's row also gives each worker's load over the run's last 40% (``worker_load``: busy,
+waiting for a CPU, and how often it polled hot when idle), from its load reports.
+
 Prints JSON lines (one per run, then a summary) and, with ``--plot DIR``, draws
 ``straggler.png`` (iteration time against time, moves marked) and ``micropartition_balance.png``.
 ``--keep-traces DIR`` keeps each run's trace (``APP_SCENARIO[_on|_off]_wW.json``): its load
@@ -82,7 +85,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from canary.trace import load_events  # noqa: E402
+from canary.trace import load_events, load_reports  # noqa: E402
 
 # app -> (generated data, iterations) at full size and with --quick. The runs last 10 s or
 # more, so that the steady state (the last 40%) comes well after balancing settled (it acts
@@ -166,10 +169,30 @@ def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
                    if e.get("cat") == "migration" and e["name"] == "migrate in")
     times = [(b - a) / 1e3 for a, b in zip(ends, ends[1:])]  # ms
     return {"iteration_ms": times, "at_s": [(e - t0) / 1e6 for e in ends[1:]], "moves_s": moves,
+            "worker_load": worker_load(events),
             "migrations": summary["migrations"], "bytes_migrated": summary["bytes_migrated"],
             "controller_cpu_percent": summary.get("controller_cpu_percent"),
             "moves_said": [line for line in proc.stderr.splitlines()
                            if line.startswith("canary: moved partition")]}
+
+
+def worker_load(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per worker, over its load reports in the last 40% of the run (as ``steady_ms``): the
+    median fraction of the time it was busy and waited for a CPU, and the fraction of its
+    reports in which it polled hot when idle (``canary.idle.Backoff.note_cpu_wait``)."""
+    reports: dict[int, list[Any]] = {}
+    for _, rep in load_reports(events):
+        reports.setdefault(rep.worker, []).append(rep)
+    out = []
+    for w in sorted(reports):
+        tail = reports[w][int(len(reports[w]) * 0.6):] or reports[w]
+        out.append({"worker": w,
+                    "busy": round(statistics.median(
+                        max(1.0 - r.idle / max(r.interval, 1e-9), 0.0) for r in tail), 3),
+                    "cpu_wait": round(statistics.median(r.cpu_wait / max(r.interval, 1e-9)
+                                                        for r in tail), 3),
+                    "polls_hot": round(sum(r.polls_hot for r in tail) / len(tail), 3)})
+    return out
 
 
 def loop_ends(events: list[dict[str, Any]]) -> list[float]:
@@ -470,7 +493,7 @@ def emit(row: dict[str, Any], run_: dict[str, Any]) -> dict[str, Any]:
            "series_ms": [round(t, 4) for t in run_["iteration_ms"]],
            "series_at_s": [round(t, 4) for t in run_["at_s"]], "moves_s": run_["moves_s"],
            "controller_cpu_percent": run_["controller_cpu_percent"],
-           "moves_said": run_["moves_said"]}
+           "moves_said": run_["moves_said"], "worker_load": run_["worker_load"]}
     print(json.dumps(row), flush=True)
     return row
 

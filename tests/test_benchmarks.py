@@ -468,6 +468,10 @@ def test_straggler_quick_prints_each_run_and_a_summary(tmp_path: Path) -> None:
         assert r["iterations"] == len(r["series_ms"]) == len(r["series_at_s"]) > 0
         assert r["steady_ms"] > 0
         assert r["controller_cpu_percent"] >= 0
+    for r in runs:  # each worker's load, from the reports it sent (a quick run may send none)
+        assert [w["worker"] for w in r["worker_load"]] in ([], [0], [1], [0, 1])
+        assert all(0 <= w[k] <= 1 for w in r["worker_load"]
+                   for k in ("busy", "cpu_wait", "polls_hot"))
     # the competed runs are measured against the run pinned the same way
     pinned, off = runs[1]["steady_ms"], runs[2]["steady_ms"]
     assert runs[3]["ideal_ms"] == pytest.approx(ideal_ms(2, pinned, max(off / pinned, 1.0)),
