@@ -16,7 +16,8 @@ every app's and benchmark's ``--trace PATH`` flag sets), records on every rank:
   at either level;
 * each load report the controller receives (``cat: "load"``), at either level: a counter track
   per worker on the controller (``worker 1 load``: the fraction of the report's interval the
-  worker was busy, and the fraction it waited for a CPU) and the report itself as an instant
+  worker was busy, the fraction it waited for a CPU, and 1 while it polls hot when idle, 0 while
+  it sleeps: see ``canary.idle.Backoff.note_cpu_wait``) and the report itself as an instant
   event, which :func:`load_reports` reads back, so that a run's reports can be replayed through
   a move policy offline;
 * each message as a short slice on the sender's and the receiver's track (``send Piece`` /
