@@ -444,7 +444,10 @@ class BalancePolicy:
         time slice) answers every message late whatever it holds, so the others still sit idle
         after its share was cut: every iteration waits for it. A worker that is merely slow
         leaves the others busy once its share is cut, and no drain fits. A worker is emptied
-        once; the pace check undoes it like any other round of moves."""
+        once; the pace check undoes it like any other round of moves. (Measured since: beside
+        a busy loop, a worker whose work in an iteration is under about 1 ms runs it at full
+        speed, so a small share could serve better than none on 4 workers; see
+        docs/performance.md, "What share a competed worker can hold at full speed".)"""
         cands = [w for w in self._relieved
                  if w not in self._drain_tried and loads[w] > 0
                  and self.workers[w].pace < 1 - self.drain_wait]
