@@ -24,20 +24,19 @@ class Backoff:
     what a worker-to-worker hop costs otherwise: see :func:`tight_timer_slack`).
     """
 
-    #: Stop polling hot when the rank waited for a CPU more than this fraction of a period ...
-    STOP_HOT_AT = 0.10
-    #: ... and poll hot again after this many periods in a row under :attr:`RESUME_HOT_AT`,
+    #: Poll hot again after this many periods in a row of half ``stop_hot_at``'s wait or less,
     #: twice as many after each stop (up to :attr:`MAX_QUIET`).
     QUIET = 2
-    RESUME_HOT_AT = 0.05
     MAX_QUIET = 64
 
     def __init__(self, min_sleep: float = 2e-5, max_sleep: float = 1e-3, spins: int = 20,
-                 spin_s: float = 0.0) -> None:
+                 spin_s: float = 0.0, stop_hot_at: float = 0.10) -> None:
         self.min_sleep = min_sleep
         self.max_sleep = max_sleep
         self.spins = spins
         self.spin_s = spin_s
+        #: stop polling hot once the rank waited for a CPU more than this fraction of a period
+        self.stop_hot_at = stop_hot_at
         self._hot_s = spin_s
         self._quiet_needed = self.QUIET // 2  # doubled at the first stop
         self._quiet = 0
@@ -55,22 +54,22 @@ class Backoff:
         it has nothing to do, the kernel shares the core between the two by turns of
         milliseconds, and the message the rank waits for is seen only at its next turn. Asleep,
         it leaves the core to the other process between messages. So the rank stops polling
-        hot once it waited for a CPU more than :attr:`STOP_HOT_AT` of a period. It polls hot
-        again after :attr:`QUIET` periods in a row under :attr:`RESUME_HOT_AT`, and after each
-        later stop it waits twice as many (up to :attr:`MAX_QUIET`): a rank with little to do
-        sleeps through most of a period and waits little even beside a busy process, and
-        would otherwise find it again every other period. A rank that was never to poll hot
-        never does.
+        hot once it waited for a CPU more than ``stop_hot_at`` of a period (10%; 1 or more:
+        never). It polls hot again after :attr:`QUIET` periods in a row under half that, and
+        after each later stop it waits twice as many (up to :attr:`MAX_QUIET`): a rank with
+        little to do sleeps through most of a period and waits little even beside a busy
+        process, and would otherwise find it again every other period. A rank that was never
+        to poll hot never does.
         """
         if not self._hot_s or interval <= 0:
             return self.spin_s > 0
-        if waited > self.STOP_HOT_AT * interval:
+        if waited > self.stop_hot_at * interval:
             if self.spin_s:
                 self.spin_s = 0.0
                 self._quiet_needed = min(self._quiet_needed * 2, self.MAX_QUIET)
             self._quiet = 0
         elif not self.spin_s:
-            self._quiet = self._quiet + 1 if waited < self.RESUME_HOT_AT * interval else 0
+            self._quiet = self._quiet + 1 if waited < self.stop_hot_at / 2 * interval else 0
             if self._quiet >= self._quiet_needed:
                 self.spin_s = self._hot_s
         return self.spin_s > 0

@@ -85,6 +85,17 @@ class Tracer:
         ]
         self.clock = time.time
 
+    def placement(self, host: str, cores: frozenset[int], own_core: bool) -> None:
+        """Where this worker runs, as its track's label: its host, the cores it may run on and
+        whether it has a core to itself (``canary.idle.has_own_core``: then it polls hot when
+        idle, unless another process takes its core). ``args.own_core`` says it too."""
+        shown = ",".join(map(str, sorted(cores)[:8])) + (",..." if len(cores) > 8 else "")
+        self.events.append({
+            "ph": "M", "name": "process_labels", "pid": self.rank, "tid": 0,
+            "args": {"labels": f"{host}, cores {shown}, "
+                               f"{'a core of its own' if own_core else 'shares its cores'}",
+                     "host": host, "cores": sorted(cores), "own_core": own_core}})
+
     def task(self, task: Any, start: float, end: float, ok: bool = True) -> None:
         """A task of ``worker.state.Task`` that ran from ``start`` to ``end`` (seconds)."""
         st = task.stage

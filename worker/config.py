@@ -20,6 +20,7 @@ from canary.env import SLOWDOWN_ENV, env_number
 ENVIRONMENT: dict[str, tuple[str, float, bool]] = {
     "CANARY_MAX_FUSED": ("max_fused", 1.0, True),
     "CANARY_SPIN_US": ("spin_s", 1e-6, False),
+    "CANARY_HOT_WAIT_PCT": ("hot_wait_limit", 1e-2, False),
     "CANARY_COMPILE_AFTER": ("compile_after", 1.0, True),
     "CANARY_STORY": ("story_size", 1.0, True),
     "CANARY_RECYCLE_MB": ("recycle_bytes", float(1 << 20), True),
@@ -82,6 +83,10 @@ class WorkerConfig:
     #: With a core per worker, poll hot this long after a burst of work before sleeping: the
     #: piece or signal a worker waits for usually comes within it (``CANARY_SPIN_US``).
     spin_s: float = 5e-2
+    #: Stop polling hot while the worker waits for a CPU more than this fraction of a report
+    #: period: another process is on its core (``canary.idle.Backoff.note_cpu_wait``;
+    #: ``CANARY_HOT_WAIT_PCT``, 100 or more: never stop).
+    hot_wait_limit: float = 0.10
     #: Longest idle sleep between polls.
     max_sleep_s: float = 2.5e-4
     #: Seconds of tasks between two MPI polls while tasks are runnable.
@@ -120,7 +125,7 @@ class WorkerConfig:
                 raise ValueError(f"WorkerConfig.{name} must be an integer >= {low}, "
                                  f"got {value!r}")
         for name in ("window_s", "fuse_target_s", "fuse_max_s", "lone_task_s", "spin_s",
-                     "max_sleep_s", "poll_interval_s", "report_s"):
+                     "hot_wait_limit", "max_sleep_s", "poll_interval_s", "report_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"WorkerConfig.{name} must be a number >= 0, got {value!r}")

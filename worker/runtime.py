@@ -91,8 +91,12 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     tight_timer_slack()
     if placements is None:
         placements = [core_placement()] * state.n_workers
+    own_core = has_own_core(state.worker, placements)
+    if tracer is not None:
+        tracer.placement(*placements[state.worker], own_core)
     backoff = Backoff(max_sleep=config.max_sleep_s, spins=200,
-                      spin_s=config.spin_s if has_own_core(state.worker, placements) else 0.0)
+                      spin_s=config.spin_s if own_core else 0.0,
+                      stop_hot_at=config.hot_wait_limit)
     ids = count(1)
     handle = state.handle
     send = tx.send
