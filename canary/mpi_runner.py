@@ -25,7 +25,7 @@ from canary.env import (
     env_number,
 )
 from canary.errors import JobAborted
-from canary.idle import Backoff, core_placement
+from canary.idle import Backoff, core_placement, has_own_core
 from canary.local_runner import run_local
 from canary.program import Program, check_program
 from canary.ranks import RankRun, abort_job, rank_in_job
@@ -141,7 +141,9 @@ def run(program: Program, comm: object | None = None, window: int = 64,
 
             result = run_controller(program, comm, tracer=tracer, policy=policy, stall_s=stall_s,
                                     checkpoint=checkpoint, resume_from=resume_from,
-                                    progress_s=progress_s)
+                                    progress_s=progress_s,
+                                    own_cores=[has_own_core(w, placements[1:])
+                                               for w in range(size - 1)])
             if resume_from is not None:
                 print(f"canary: resumed from snapshot {resume_from.id} in {resume_from.path}",
                       file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from itertools import count
 from typing import Any
 
@@ -40,7 +41,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
                    tracer: Tracer | None = None, policy: Any = None,
                    tick_s: float = 0.1, stall_s: float = 10.0, close_s: float = 10.0,
                    checkpoint: SnapshotConfig | None = None,
-                   resume_from: Manifest | None = None, progress_s: float = 0.0) -> JobResult:
+                   resume_from: Manifest | None = None, progress_s: float = 0.0,
+                   own_cores: Sequence[bool] | None = None) -> JobResult:
     """Run rank 0 until every worker is done; return the job's result.
 
     Raises :class:`JobAborted` with the reason (a failed task's message, or a program mismatch)
@@ -55,6 +57,8 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
 
     With ``checkpoint`` it takes snapshots (committing each: see :func:`canary.snapshot.commit`);
     with ``resume_from`` the job starts from that snapshot (its reports and task count).
+    ``own_cores`` says which workers have a core of their own (:func:`canary.idle.has_own_core`):
+    one of those that keeps waiting for its CPU is named once on stderr.
     """
     freeze_startup_objects()  # the imports' objects: no full collection walks them again
     state = ControllerState(
@@ -62,7 +66,7 @@ def run_controller(program: Program, comm: MPI.Comm, max_sleep: float = 1e-2,
         first_snapshot=next_id(checkpoint.directory) if checkpoint is not None else 1,
         resumed=None if resume_from is None else resume_from.data,
         resumed_results=None if resume_from is None else load_results(resume_from),
-        progress_s=progress_s)
+        progress_s=progress_s, own_cores=own_cores)
     tx = MpiTransport(comm)
     backoff = Backoff(max_sleep=max_sleep)
     t0 = time.perf_counter()

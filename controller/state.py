@@ -8,7 +8,7 @@ smoothly it receives only reports (if the driver asked for them) and, at the end
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,11 @@ from canary.partition_map import PartitionMap
 from canary.program import Program, ReportEvent
 from canary.sites import declared_at
 from canary.snapshot import SnapshotConfig
+
+#: A worker with a core of its own that waits for a CPU more than this share of the time ...
+SHARED_CORE_WAIT = 0.25
+#: ... in this many load reports in a row is named once (another process runs on its core).
+SHARED_CORE_REPORTS = 3
 
 
 class ControllerState(ControllerSnapshots):
@@ -84,7 +89,8 @@ class ControllerState(ControllerSnapshots):
                  stall_s: float = 10.0, checkpoint: SnapshotConfig | None = None,
                  first_snapshot: int = 1, resumed: dict[str, Any] | None = None,
                  resumed_results: dict[str, list[np.ndarray]] | None = None,
-                 progress_s: float = 0.0, progress_heading: str = "canary") -> None:
+                 progress_s: float = 0.0, progress_heading: str = "canary",
+                 own_cores: Sequence[bool] | None = None) -> None:
         if n_workers < 1:
             raise ValueError(
                 f"a job needs at least one worker (rank 0 is the controller): launch with "
@@ -120,6 +126,12 @@ class ControllerState(ControllerSnapshots):
         self._now = 0.0
         self._progress_at = [0.0] * n_workers  # when each last showed progress
         self._warned_at = [0.0] * n_workers
+        # A worker with a core of its own (own_cores: canary.idle.has_own_core, from the ranks'
+        # placements) that keeps waiting for its CPU shares it with a process the placement
+        # does not count, and is said once: the job runs slower than its placement promises.
+        self.own_cores = list(own_cores) if own_cores is not None else [False] * n_workers
+        self._waiting_reports = [0] * n_workers
+        self._said_shared: set[int] = set()
         self._init_snapshots(checkpoint, first_snapshot, resumed)
         # a line on where the job stands every progress_s seconds (0: none), from the same
         # load reports (see canary.controller.progress)
@@ -245,7 +257,28 @@ class ControllerState(ControllerSnapshots):
             self.policy.report(ev, self._now)
         if self.progress_meter is not None:
             self.progress_meter.report(ev)
-        return []
+        return self._shared_core(ev)
+
+    def _shared_core(self, ev: LoadReport) -> list[Any]:
+        """Once per worker: a line naming a worker that has a core of its own yet waited for
+        a CPU more than ``SHARED_CORE_WAIT`` of the time in ``SHARED_CORE_REPORTS`` load
+        reports in a row."""
+        w = ev.worker
+        if not self.own_cores[w] or w in self._said_shared:
+            return []
+        share = ev.cpu_wait / ev.interval if ev.interval > 0 else 0.0
+        self._waiting_reports[w] = self._waiting_reports[w] + 1 if share > SHARED_CORE_WAIT else 0
+        if self._waiting_reports[w] < SHARED_CORE_REPORTS:
+            return []
+        self._said_shared.add(w)
+        remedy = ("balancing moves work off it where that makes the job faster"
+                  if self.policy is not None else "canary run --balance on would move work "
+                  "off it where that makes the job faster")
+        return [Progress(f"canary: worker {w} (rank {worker_rank(w)}) has a core of its own but "
+                         f"waited for it {share:.0%} of the time in its last "
+                         f"{SHARED_CORE_REPORTS} load reports: another process runs on its "
+                         f"core, and the job runs slower than it would alone ({remedy})",
+                         self._cause)]
 
     def _stalled(self) -> list[Any]:
         out: list[Any] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -262,3 +263,44 @@ def test_a_position_in_nested_loops_names_each_loop_outermost_first() -> None:
     assert f"stage 'start' at {p.site(0)}, stage instance 41;" in (meter.due(1.5) or "")
     meter.report(LoadReport(3, 0, 0.5, (), 0.0, 0, 99, True, pc=len(p.ops) - 1, counters=()))
     assert meter.due(2.5) is None  # every worker is done: the job is ending
+
+
+@pytest.mark.parametrize("policy", [None, "balancing"])
+def test_a_worker_with_a_core_of_its_own_that_keeps_waiting_for_it_is_named_once(
+        policy: object) -> None:
+    p = program()
+    # with any move policy the line says it is at work
+    c = ControllerState(p, 3, policy=_NoMoves() if policy else None,
+                        own_cores=[True, True, False])
+    for w in range(3):
+        c.handle(hello(p, w))
+    eids = itertools.count(100)
+
+    def report(w: int, wait: float) -> list[str]:
+        out = c.handle(LoadReport(next(eids), w, 0.5, (), 0.1, 20, 5, False, 0.3, wait))
+        return [i.line for i in out if isinstance(i, Progress)]
+
+    # worker 0: two reports over 25%, one under, then three in a row: named at the third
+    assert report(0, 0.2) == report(0, 0.2) == report(0, 0.05) == []
+    assert report(0, 0.2) == report(0, 0.2) == []
+    (line,) = report(0, 0.235)
+    remedy = ("balancing moves work off it where that makes the job faster" if policy else
+              "canary run --balance on would move work off it where that makes the job faster")
+    assert line == ("canary: worker 0 (rank 1) has a core of its own but waited for it 47% of "
+                    "the time in its last 3 load reports: another process runs on its core, "
+                    f"and the job runs slower than it would alone ({remedy})")
+    assert [report(0, 0.3) for _ in range(5)] == [[]] * 5  # once
+    # worker 1 waits 20% (under 25%); worker 2 shares its cores by placement: it waits for
+    # the job's own ranks, which is not news
+    assert [report(1, 0.1) for _ in range(5)] == [[]] * 5
+    assert [report(2, 0.4) for _ in range(5)] == [[]] * 5
+
+
+class _NoMoves:
+    notes: list[str] = []
+
+    def report(self, rep: LoadReport, now: float) -> None:
+        pass
+
+    def decide(self, now: float, ctrl: object) -> list[tuple[int, int, int, str]]:
+        return []

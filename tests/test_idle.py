@@ -155,11 +155,11 @@ def test_core_placement_is_this_process_host_and_affinity() -> None:
 
 
 def _pinned_job(tmp_path: Path, cores: list[int], **env: str
-                ) -> tuple[dict[int, bool], dict[int, list[bool]]]:
+                ) -> tuple[dict[int, bool], dict[int, list[bool]], str]:
     """Run ``tests/drivers/pinned.py`` with rank ``r`` bound to ``cores[r]``, a load report
     every 100 ms and ``env`` added: whether each worker was found to have a core of its own
-    (its trace track's label), and each worker's reports, in order, as whether it polled hot
-    then."""
+    (its trace track's label), each worker's reports, in order, as whether it polled hot
+    then, and the job's stderr."""
     trace = tmp_path / "t.json"
     r = mpirun(len(cores), "tests/drivers/pinned.py", str(trace), ",".join(map(str, cores)),
                env_extra={"CANARY_REPORT_MS": "100", "CANARY_TRACE_LEVEL": "loop",
@@ -175,7 +175,7 @@ def _pinned_job(tmp_path: Path, cores: list[int], **env: str
     for _, rep in load_reports(events):
         hot.setdefault(rep.worker, []).append(rep.polls_hot)
     assert sorted(hot) == list(range(len(cores) - 1)) and all(hot.values()), hot
-    return {w: label["own_core"] for w, label in labels.items()}, hot
+    return {w: label["own_core"] for w, label in labels.items()}, hot, r.stderr
 
 
 @pytest.fixture
@@ -194,11 +194,14 @@ def test_workers_bound_a_core_each_have_one_unless_two_share_it(
     # hot). Other work on this machine must not stop them here: CANARY_HOT_WAIT_PCT=100
     a, b = two_cores
     cores = [a, b, a, b][:ranks]
-    own, hot = _pinned_job(tmp_path, cores, CANARY_HOT_WAIT_PCT="100")
+    own, hot, said = _pinned_job(tmp_path, cores, CANARY_HOT_WAIT_PCT="100")
     shared = {0, 2} if ranks == 4 else set()
     assert own == {w: w not in shared for w in range(ranks - 1)}
     assert {w: set(reports) for w, reports in hot.items()} == {
         w: {w not in shared} for w in range(ranks - 1)}, hot
+    # workers that share a core by placement wait for each other: not said as news
+    for w in shared:
+        assert f"worker {w} (rank {w + 1}) has a core of its own" not in said
 
 
 def test_a_worker_whose_core_another_process_takes_stops_polling_hot(
@@ -207,7 +210,7 @@ def test_a_worker_whose_core_another_process_takes_stops_polling_hot(
     hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{b}}})"
                             "\nwhile True: pass"])
     try:
-        own, hot = _pinned_job(tmp_path, [a, a, b])
+        own, hot, said = _pinned_job(tmp_path, [a, a, b])
     finally:
         hog.kill()
         hog.wait()
@@ -217,6 +220,9 @@ def test_a_worker_whose_core_another_process_takes_stops_polling_hot(
     # other work slows worker 0, and worker 1 then sits idle, asleep, and waits little)
     assert own == {0: True, 1: True}
     assert hot[1][0] is False and sum(hot[1]) < len(hot[1]) / 2, hot
+    # and the controller said so, once, with what it costs and the remedy (balancing is off)
+    assert said.count("canary: worker 1 (rank 2) has a core of its own but waited for it ") == 1
+    assert "another process runs on its core" in said and "--balance on would move" in said
 
 
 def test_tight_timer_slack_sets_the_process_slack() -> None:
