@@ -130,7 +130,7 @@ class ControllerState(ControllerSnapshots):
         # placements) that keeps waiting for its CPU shares it with a process the placement
         # does not count, and is said once: the job runs slower than its placement promises.
         self.own_cores = list(own_cores) if own_cores is not None else [False] * n_workers
-        self._waiting_reports = [0] * n_workers
+        self._waiting_shares: list[list[float]] = [[] for _ in range(n_workers)]
         self._said_shared: set[int] = set()
         self._init_snapshots(checkpoint, first_snapshot, resumed)
         # a line on where the job stands every progress_s seconds (0: none), from the same
@@ -267,10 +267,15 @@ class ControllerState(ControllerSnapshots):
         if not self.own_cores[w] or w in self._said_shared:
             return []
         share = ev.cpu_wait / ev.interval if ev.interval > 0 else 0.0
-        self._waiting_reports[w] = self._waiting_reports[w] + 1 if share > SHARED_CORE_WAIT else 0
-        if self._waiting_reports[w] < SHARED_CORE_REPORTS:
+        shares = self._waiting_shares[w]
+        if share <= SHARED_CORE_WAIT:
+            shares.clear()
+            return []
+        shares.append(share)
+        if len(shares) < SHARED_CORE_REPORTS:
             return []
         self._said_shared.add(w)
+        share = sum(shares) / len(shares)
         remedy = ("balancing moves work off it where that makes the job faster"
                   if self.policy is not None else "canary run --balance on would move work "
                   "off it where that makes the job faster")

@@ -280,13 +280,14 @@ def test_a_worker_with_a_core_of_its_own_that_keeps_waiting_for_it_is_named_once
         out = c.handle(LoadReport(next(eids), w, 0.5, (), 0.1, 20, 5, False, 0.3, wait))
         return [i.line for i in out if isinstance(i, Progress)]
 
-    # worker 0: two reports over 25%, one under, then three in a row: named at the third
+    # worker 0: two reports over 25%, one under, then three in a row: named at the third, with
+    # their mean wait (40%, 40%, 47%)
     assert report(0, 0.2) == report(0, 0.2) == report(0, 0.05) == []
     assert report(0, 0.2) == report(0, 0.2) == []
     (line,) = report(0, 0.235)
     remedy = ("balancing moves work off it where that makes the job faster" if policy else
               "canary run --balance on would move work off it where that makes the job faster")
-    assert line == ("canary: worker 0 (rank 1) has a core of its own but waited for it 47% of "
+    assert line == ("canary: worker 0 (rank 1) has a core of its own but waited for it 42% of "
                     "the time in its last 3 load reports: another process runs on its core, "
                     f"and the job runs slower than it would alone ({remedy})")
     assert [report(0, 0.3) for _ in range(5)] == [[]] * 5  # once
