@@ -132,7 +132,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         comm = given.Dup()
         # which workers share cores decides which may poll hot when idle: only the ranks'
         # affinity masks together tell that, once ranks are bound a core each
-        placements = comm.allgather(core_placement())
+        workers_placed = comm.allgather(core_placement())[1:]  # rank 0's is not counted
         tracer = (Tracer(rank, "controller" if rank == 0 else f"worker {rank - 1}",
                          loop_only=loop_only) if path else None)
         result: JobResult | None = None
@@ -142,7 +142,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
             result = run_controller(program, comm, tracer=tracer, policy=policy, stall_s=stall_s,
                                     checkpoint=checkpoint, resume_from=resume_from,
                                     progress_s=progress_s,
-                                    own_cores=[has_own_core(w, placements[1:])
+                                    own_cores=[has_own_core(w, workers_placed)
                                                for w in range(size - 1)])
             if resume_from is not None:
                 print(f"canary: resumed from snapshot {resume_from.id} in {resume_from.path}",
@@ -152,7 +152,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
 
             run_worker(program, comm, config, tracer=tracer,
                        checkpoint_dir=None if checkpoint is None else checkpoint.directory,
-                       resume_from=resume_from, placements=placements[1:])
+                       resume_from=resume_from, placements=workers_placed)
         if tracer is not None and path:
             try:
                 gather_and_write(comm, tracer, path, {"program": program.name,
