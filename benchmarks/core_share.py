@@ -28,7 +28,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.straggler import busy_loop  # noqa: E402
 
 BURSTS_MS = (0.3, 1.0, 3.0)
 DUTIES = (0.2, 0.3, 0.4, 0.5)
@@ -96,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(1e-3, 0.3)] if args.quick else [(b * 1e-3, d) for b in BURSTS_MS for d in DUTIES]
     count = 40 if args.quick else args.bursts
     core = sorted(os.sched_getaffinity(0))[-1]
-    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})"
-                            "\nwhile True: pass"])
+    hog = busy_loop(core)
     rows: list[dict[str, Any]] = []
     try:
         time.sleep(0.3)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import canary.idle as idle
+from benchmarks.straggler import busy_loop
 from canary.idle import (
     Backoff,
     CorePlacement,
@@ -207,8 +208,7 @@ def test_workers_bound_a_core_each_have_one_unless_two_share_it(
 def test_a_worker_whose_core_another_process_takes_stops_polling_hot(
         two_cores: list[int], tmp_path: Path) -> None:
     a, b = two_cores
-    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{b}}})"
-                            "\nwhile True: pass"])
+    hog = busy_loop(b)
     try:
         own, hot, said = _pinned_job(tmp_path, [a, a, b])
     finally:
