@@ -186,7 +186,7 @@ def two_cores() -> list[int]:
     return cores[:2]
 
 
-@pytest.mark.parametrize("ranks", [3, 4])
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_workers_bound_a_core_each_have_one_unless_two_share_it(
         ranks: int, two_cores: list[int], tmp_path: Path) -> None:
     # as mpiexec -bind-to core binds them: rank r on core r mod 2, so with 3 workers, workers
