@@ -191,6 +191,53 @@ class TaskCost:
 CostModel = Callable[[Task, float], float]
 
 
+class SharedCore:
+    """A busy process pinned to a worker's core, as a fair kernel shares that core (the model
+    behind ``run_virtual(shared_cores=...)``).
+
+    The worker's **lag** is the CPU time the kernel owes it against an even share of the core
+    with the busy process. While both want the core, the one running loses half a second of lag
+    a second and the one waiting gains as much; the kernel lets the worker run until its lag is
+    ``-slice_s / 2``, then runs the busy process until the worker's lag is ``+slice_s / 2``
+    (``2 * slice_s`` of waiting): half the core, in turns. A worker that sleeps (a gap of more
+    than ``awake_s`` between its tasks: less is its own handling) earns ``earn`` seconds of lag
+    a second and wakes with at most ``credit_s``: it runs at once, at full speed for a while. The defaults stand for what ``benchmarks/core_share.py``
+    measured on Linux 6.18 (a burst of 1 ms or less, busy a third of the time or less, runs at
+    full speed; a burst of 3 ms takes about 2.2 times as long at any duty).
+    Stateful: one per worker and run; :meth:`run` must be called in time order."""
+
+    def __init__(self, slice_s: float = 1.8e-3, credit_s: float = 3e-4,
+                 earn: float = 0.5, awake_s: float = 2e-5) -> None:
+        if not 0 < slice_s < math.inf:
+            raise ValueError(f"SharedCore: slice_s must be a finite number above 0, got {slice_s}")
+        for name, value in (("credit_s", credit_s), ("earn", earn), ("awake_s", awake_s)):
+            if not 0 <= value < math.inf:
+                raise ValueError(f"SharedCore: {name} must be a finite number >= 0, got {value}")
+        self.slice_s, self.credit_s, self.earn, self.awake_s = slice_s, credit_s, earn, awake_s
+        self.lag = credit_s
+        self.last_end = 0.0
+
+    def run(self, start: float, cpu: float) -> float:
+        """The wall seconds ``cpu`` seconds of work take from ``start`` on the shared core (at
+        least ``cpu``: the difference is time waiting for the CPU)."""
+        half = self.slice_s / 2
+        slept = start - self.last_end
+        if slept > self.awake_s:
+            self.lag = min(self.credit_s, self.lag + self.earn * slept)
+        left, wall = cpu, 0.0
+        while True:
+            ran = min(left, max(2 * (self.lag + half), 0.0))
+            self.lag -= ran / 2
+            left -= ran
+            wall += ran
+            if left <= 1e-15:
+                break
+            wall += 2 * (half - self.lag)  # the busy process's turn
+            self.lag = half
+        self.last_end = start + wall
+        return wall
+
+
 class Links:
     """The network's state during a run: when each rank's interface is next free to send and
     to receive, and the last arrival between each pair of ranks."""
@@ -310,7 +357,8 @@ def run_virtual(program: Program, workers: int, network: Network,
                 on_task: Callable[[int, Task, float, float], None] | None = None,
                 runtime: Runtime | None = None, policy: Any = None, tick_s: float = 0.1,
                 slowdown: dict[int, float] | None = None,
-                noise: Callable[[int, float], float] | None = None) -> VirtualResult:
+                noise: Callable[[int, float], float] | None = None,
+                shared_cores: dict[int, SharedCore] | None = None) -> VirtualResult:
     """Run ``program`` on ``workers`` virtual workers over ``network`` (see the module doc).
 
     ``cost(task, measured_s)`` gives a task's virtual seconds (default :class:`TaskCost`\\ ()),
@@ -326,6 +374,9 @@ def run_virtual(program: Program, workers: int, network: Network,
     ``slowdown``: worker index to a factor its tasks' priced seconds are multiplied by (what
     ``CANARY_SLOWDOWN`` does over MPI). ``noise(worker, start)``: a further factor for a task
     that starts at virtual time ``start`` on that worker (a machine's passing slow spells).
+    ``shared_cores``: worker index to the :class:`SharedCore` (a busy process on its core) its
+    tasks run on; with it, every worker's load reports carry the seconds it ran tasks on a CPU
+    and waited for one, as on Linux.
     ``validate``: check every state's invariants and the cross-role one after each event.
     ``on_task(worker, task, start, end)`` is called for every task run, with its virtual start
     and end.
@@ -339,8 +390,14 @@ def run_virtual(program: Program, workers: int, network: Network,
     config = replace(config or WorkerConfig(), adapt_fused=False)
     ctrl = ControllerState(program, workers, policy, stall_s=float("inf"))
     slowdown = slowdown or {}
-    if any(not 0 <= w < workers for w in slowdown):
-        raise ValueError(f"slowdown {slowdown}: worker indices must be below {workers}")
+    shared = shared_cores or {}
+    for name, by_worker in (("slowdown", slowdown), ("shared_cores", shared)):
+        if any(not 0 <= w < workers for w in by_worker):
+            raise ValueError(f"{name} {by_worker}: worker indices must be below {workers}")
+    cores: list[SharedCore | None] = [None, *(shared.get(w) for w in range(workers))]
+    measure_cpu = bool(shared)
+    cpu = [0.0] * (workers + 1)  # seconds each rank ran tasks on a CPU, and waited for one,
+    cpu_wait = [0.0] * (workers + 1)  # since its last report
     # each worker's own config carries its factor, as over MPI (WorkerConfig checks it)
     states = [WorkerState(program, w, workers, replace(config, slowdown=slowdown.get(w, 1.0)))
               for w in range(workers)]
@@ -471,6 +528,12 @@ def run_virtual(program: Program, workers: int, network: Network,
                         else 0.0) * states[w].config.slowdown + task_s
             if noise is not None:
                 took *= noise(w, free_at[rank])
+            cpu[rank] += took
+            core = cores[rank]
+            if core is not None:
+                wall = core.run(free_at[rank], took)
+                cpu_wait[rank] += wall - took
+                took = wall
             if type(ev) is TaskDone:
                 ev.seconds = took
             st = stats[rank]
@@ -499,8 +562,9 @@ def run_virtual(program: Program, workers: int, network: Network,
             w = rank - 1
             if load_reports and free_at[rank] >= next_report[rank] and not states[w].done_sent:
                 next_report[rank] = free_at[rank] + config.report_s
-                tick = Tick(next_id(rank), free_at[rank], idle[rank])
-                idle[rank] = 0.0
+                tick = Tick(next_id(rank), free_at[rank], idle[rank],
+                            *((cpu[rank], cpu_wait[rank]) if measure_cpu else ()))
+                idle[rank] = cpu[rank] = cpu_wait[rank] = 0.0
                 carry_worker(rank, handle(rank, tick))
             if pending[rank] is not None or resume[rank]:
                 ran_task[rank] = True
