@@ -209,8 +209,15 @@ def loop_ends(events: list[dict[str, Any]]) -> list[float]:
 
 
 def steady(times: list[float]) -> float:
-    tail = times[int(len(times) * 0.6):] or times
-    return statistics.median(tail)
+    """The median iteration time over the run's last 40%."""
+    return statistics.median(times[int(len(times) * 0.6):] or times)
+
+
+def steady_mean(times: list[float]) -> float:
+    """The mean iteration time over the run's last 40%: the pace of the job, including the
+    iterations a periodic wait (a busy process's turn on a shared core) slows, which
+    :func:`steady` leaves out as it would leave out noise."""
+    return statistics.fmean(times[int(len(times) * 0.6):] or times)
 
 
 def settled_at(times: list[float], at: list[float], ideal: float) -> float | None:
@@ -243,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the partitions per worker the sweep runs (default: %(default)s)")
     ap.add_argument("--virtual", default="", metavar="W,W,...",
                     help="also balance on these numbers of virtual workers (virtual time)")
+    ap.add_argument("--virtual-competing", default="", metavar="W,W,...",
+                    help="also run on these numbers of virtual workers with a busy process on "
+                         "the last one's core (virtual time, a model of the kernel's sharing)")
+    ap.add_argument("--partition-ms", type=float, default=0.4,
+                    help="a partition's gradient in --virtual-competing runs (default "
+                         "%(default)s ms)")
     ap.add_argument("--spells", default="", metavar="W,W,...",
                     help="also run balanced jobs on these numbers of virtual workers, every "
                          "worker with seeded spells of slower tasks, and count the moves")
@@ -260,18 +273,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         virtual = [int(w) for w in args.virtual.split(",") if w]
         spelled = [int(w) for w in args.spells.split(",") if w]
+        competed = [int(w) for w in args.virtual_competing.split(",") if w]
     except ValueError:
-        virtual = spelled = [0]
+        virtual = spelled = competed = [0]
     try:
         ppws = [int(p) for p in args.micro_ppws.split(",") if p]
     except ValueError:
         ppws = [0]
     if (args.micro_factor < 1 or args.factor < 1 or args.workers < 2 or args.ppw < 1
-            or any(w < 2 for w in virtual + spelled) or not ppws or any(p < 1 for p in ppws)
-            or not args.spell_rate > 0 or args.spell_seeds < 1):
+            or any(w < 2 for w in virtual + spelled + competed) or not ppws
+            or any(p < 1 for p in ppws) or not args.spell_rate > 0 or args.spell_seeds < 1
+            or not 0 < args.partition_ms < math.inf):
         ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2, "
-                 "--ppw and every --micro-ppws count >= 1, --virtual and --spells worker "
-                 "counts of 2 or more, --spell-rate > 0 and --spell-seeds >= 1")
+                 "--ppw and every --micro-ppws count >= 1, --virtual, --virtual-competing and "
+                 "--spells worker counts of 2 or more, --spell-rate > 0, --spell-seeds >= 1 "
+                 "and --partition-ms > 0")
     W = args.workers
     slow = W - 1
     if args.keep_traces:
@@ -320,20 +336,29 @@ def main(argv: list[str] | None = None) -> int:
                         hog.kill()
                         hog.wait()
             t_off = steady(got[False]["iteration_ms"])
-            t_ref = t_pinned if scenario == "competing" else t_eq
+            ref_run = pinned if scenario == "competing" else ref
+            t_ref = steady(ref_run["iteration_ms"])
             f = max(t_off / t_ref, 1.0)
             ideal = ideal_ms(W, t_ref, f)
+            # the same from the means: a busy process's turns slow some iterations only
+            m_ref = steady_mean(ref_run["iteration_ms"])
+            ideal_mean = ideal_ms(W, m_ref, max(steady_mean(got[False]["iteration_ms"]) / m_ref,
+                                                1.0))
             for balance, r in got.items():
                 settle = settled_at(r["iteration_ms"], r["at_s"], ideal) if balance else None
                 row = {"app": app, "scenario": scenario, "balance": balance,
                        "steady_ms": steady(r["iteration_ms"]), "ideal_ms": round(ideal, 4),
                        "slow_worker_factor": round(f, 3),
                        "over_ideal": round(steady(r["iteration_ms"]) / ideal, 3),
+                       "mean_ms": round(steady_mean(r["iteration_ms"]), 4),
+                       "over_ideal_mean": round(steady_mean(r["iteration_ms"]) / ideal_mean, 3),
                        "settled_s": None if settle is None else round(settle, 3),
                        "migrations": r["migrations"], "bytes_migrated": r["bytes_migrated"]}
                 rows.append(emit(row, r))
                 if balance:
                     summary.setdefault("over_ideal", {})[f"{app}/{scenario}"] = row["over_ideal"]
+                    summary.setdefault("over_ideal_mean", {})[f"{app}/{scenario}"] = \
+                        row["over_ideal_mean"]
                     summary.setdefault("settled_s", {})[f"{app}/{scenario}"] = row["settled_s"]
                     summary.setdefault("bytes_migrated", {})[f"{app}/{scenario}"] = \
                         row["bytes_migrated"]
@@ -365,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         summary.setdefault("virtual_over_best_split", {})[str(w)] = row["over_best_split"]
         summary.setdefault("virtual_over_ideal", {})[str(w)] = row["over_ideal"]
+    for w in competed:
+        row = virtual_competing_run(w, args.ppw, args.partition_ms * 1e-3,
+                                    0.3 if args.quick else 20.0)
+        print(json.dumps(row), flush=True)
+        summary.setdefault("virtual_competing_over_ideal", {})[str(w)] = row["over_ideal"]
     for w in spelled:
         row = spells_run(w, args.ppw, args.spell_rate, args.spell_seeds,
                          60 if args.quick else 2500)
@@ -376,28 +406,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def gradient_cost(task: Any, measured_s: float) -> float:
-    """A fixed cost model for virtual runs of logistic regression: 1 ms per partition's
-    gradient (fused or not), 10 us for any other task; the time measured here is ignored."""
+def gradients(task: Any) -> int:
+    """How many partitions' gradients ``task`` computes (a fused stretch may hold several)."""
     if task.stretch is not None:
         grads = sum(st.name == "gradient_kernel" for st, _, _ in task.stretch.instances)
-        return grads * len(task.stretch.idxs) * 1e-3 + 1e-5
-    return 1e-3 if task.stage.name == "gradient_kernel" else 1e-5
+        return grads * len(task.stretch.idxs)
+    return 1 if task.stage.name == "gradient_kernel" else 0
 
 
-def virtual_lr(workers: int, ppw: int, iters: int, balance: bool, **kwargs: Any) -> Any:
+def gradient_cost(task: Any, measured_s: float, partition_s: float = 1e-3) -> float:
+    """A fixed cost model for virtual runs of logistic regression: ``partition_s`` (1 ms) per
+    partition's gradient (fused or not), 10 us for any other task; the time measured here is
+    ignored."""
+    grads = gradients(task)
+    return grads * partition_s + (1e-5 if task.stretch is not None or not grads else 0.0)
+
+
+def virtual_lr(workers: int, ppw: int, iters: int, balance: bool, partition_s: float = 1e-3,
+               **kwargs: Any) -> Any:
     """Logistic regression (2000 x 6, ``iters`` iterations, ``ppw`` partitions per worker) on
-    ``workers`` virtual workers priced by :func:`gradient_cost`, with the balancing policy if
-    ``balance``; ``kwargs`` go to :func:`canary.virtual_runner.run_virtual` (``slowdown``,
-    ``noise``). Its :class:`~canary.virtual_runner.VirtualResult`."""
+    ``workers`` virtual workers priced by :func:`gradient_cost` (``partition_s`` a partition's
+    gradient), with the balancing policy if ``balance``; ``kwargs`` go to
+    :func:`canary.virtual_runner.run_virtual` (``slowdown``, ``noise``, ``shared_cores``,
+    ``on_task``). Its :class:`~canary.virtual_runner.VirtualResult`."""
     import apps.logistic_regression as lr
     from canary.controller.balance import BalancePolicy
     from canary.virtual_runner import IDEAL, Network, run_virtual
 
+    def cost(task: Any, measured_s: float) -> float:
+        return gradient_cost(task, measured_s, partition_s)
+
     args = lr.parse_args(["--generate", "2000,6", "--max-iter", str(iters), "--tol", "1e-300",
                           "--print-every", "0", "--partitions", str(workers * ppw)])
     return run_virtual(lr.build(args, workers)[0], workers, Network(5e-6, 1e9, "virtual"),
-                       cost=gradient_cost, handle_s=2e-6, runtime=IDEAL,
+                       cost=cost, handle_s=2e-6, runtime=IDEAL,
                        policy=BalancePolicy(workers) if balance else None, **kwargs)
 
 
@@ -420,6 +462,49 @@ def virtual_run(workers: int, ppw: int, factor: float, iters: int) -> dict[str, 
             "over_ideal": round(t_on / ideal, 3),
             "settled_s": None if settle is None else round(settle, 3),
             "migrations": on.job.migrations, "bytes_migrated": on.job.bytes_migrated}
+
+
+def virtual_competing_run(workers: int, ppw: int, partition_s: float,
+                          virtual_s: float) -> dict[str, Any]:
+    """Logistic regression on ``workers`` virtual workers, a busy process on the last one's core
+    (:class:`canary.virtual_runner.SharedCore`), each partition's gradient ``partition_s``:
+    with no busy process, and with it balancing off and on, about ``virtual_s`` seconds of the
+    equal run each (see the module doc); one row. The ideal and the factor come from the runs'
+    mean iteration times (:func:`steady_mean`): a shared core slows some iterations by a whole
+    turn of the busy process and leaves the others as they were, which a median hides."""
+    from canary.virtual_runner import SharedCore
+
+    iters = max(int(virtual_s / (ppw * partition_s)), 10)
+    slow = workers - 1
+    held: list[tuple[float, int]] = []  # (start, gradients) of the slow worker's tasks
+
+    def on_task(w: int, task: Any, start: float, end: float) -> None:
+        if w == slow:
+            held.append((start, gradients(task)))
+
+    eq = virtual_lr(workers, ppw, iters, True, partition_s)
+    got = {balance: virtual_lr(workers, ppw, iters, balance, partition_s,
+                               shared_cores={slow: SharedCore()},
+                               on_task=on_task if balance else None)
+           for balance in (False, True)}
+    ms = {k: [t * 1e3 for t in r.iteration_seconds()] for k, r in
+          (("equal", eq), ("off", got[False]), ("on", got[True]))}
+    mean = {k: steady_mean(v) for k, v in ms.items()}
+    f = max(mean["off"] / mean["equal"], 1.0)
+    ideal = ideal_ms(workers, mean["equal"], f)
+    ends = got[True].iteration_ends()
+    # the gradients the slow worker ran in the last whole iteration: the partitions it kept
+    kept = sum(g for t, g in held if ends[-3] <= t < ends[-2]) if len(ends) >= 3 else None
+    settle = settled_at(ms["on"], ends[1:], ideal)
+    return {"app": "logistic_regression", "scenario": "virtual_competing", "workers": workers,
+            "ppw": ppw, "partition_ms": round(partition_s * 1e3, 4), "iterations": iters,
+            "equal_ms": round(mean["equal"], 4), "off_ms": round(mean["off"], 4),
+            "steady_ms": round(mean["on"], 4), "slow_worker_factor": round(f, 3),
+            "ideal_ms": round(ideal, 4), "over_ideal": round(mean["on"] / ideal, 3),
+            "median_ms": {k: round(steady(v), 4) for k, v in ms.items()},
+            "kept_partitions": kept, "settled_s": None if settle is None else round(settle, 3),
+            "migrations": got[True].job.migrations,
+            "bytes_migrated": got[True].job.bytes_migrated}
 
 
 def spell_noise(workers: int, rate: float, seed: int, horizon_s: float = 3600.0,
