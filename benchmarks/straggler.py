@@ -26,7 +26,10 @@ equal_pinned) run's time ``t`` and the off run's ``t_off`` (the slow worker's ``
 partitions bound it, so it is ``f = t_off / t`` times slower), ``ideal = W t / (W - 1 + 1 /
 f)`` for ``W`` workers. Balancing
 has **settled** at the first iteration after which the median of every window of 25 iterations
-stays within 1.15x of the ideal; ``steady_ms`` is the median of the run's last 40%.
+stays within 1.15x of the ideal; ``steady_ms`` is the median of the run's last 40%, and
+``mean_ms`` its mean, with ``over_ideal_mean`` the same ratio from the means (a busy process on
+a worker's core slows one iteration in a few by a whole turn of the busy process, which the
+median leaves out as it leaves out noise).
 
 ``--micro`` adds the micropartitioning sweep (the Canary paper's Fig 8a shape): logistic
 regression on a larger input (per-partition costs matter less) with the last worker
@@ -47,6 +50,13 @@ the same on every machine, and neither a real machine's noise nor its waits for 
 row gives the balanced iteration against the best split and the ideal (``W ppw ms / (W - 1 +
 1 / factor)``), and the unbalanced one.
 
+``--virtual-competing 2,4,8`` adds logistic regression in virtual time with a busy process on
+the last worker's core (:class:`canary.virtual_runner.SharedCore`, a model of the kernel's
+sharing whose defaults give ``benchmarks/core_share.py``'s medians), each partition's gradient
+``--partition-ms`` (0.4, the real runs' size): the balanced workers alone, and with the busy
+process balancing off and on, about 20 virtual seconds each. Its figures come from the mean
+iterations, and each row gives the partitions the competed worker kept.
+
 ``--spells 4,8,16`` adds balanced runs in virtual time (no worker slowed for good) where every
 worker has seeded spells of 1.2-1.6x slower tasks lasting 1.5-5 s (3 to 10 load reports),
 ``--spell-rate`` a second each (:func:`spell_noise`), the noise balanced runs showed on a shared
@@ -64,6 +74,7 @@ reports can be replayed through a changed policy offline (``benchmarks/replay_ba
     python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~4 min
     python benchmarks/straggler.py --apps "" --virtual 3,8,16            # ~15 s
     python benchmarks/straggler.py --apps "" --spells 2,4,8,16           # ~3 min
+    python benchmarks/straggler.py --apps "" --virtual-competing 2,4,8   # ~2 min
     python benchmarks/straggler.py --quick                               # tiny (tests)
 """
 
