@@ -61,7 +61,12 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    partition there (a model's weights, which every iteration waits on) can slow the whole job.
 5. After moving it waits: until every move is done and ``settle`` (2) more rounds of reports
    have measured the new placement; a partition it moved does not go back to where it came
-   from. Equal workers, or workers whose imbalance no move can reduce by ``min_gain``, see no
+   from, and a worker it moved partitions off for being slower takes no partition for
+   ``hold_rounds`` (40) rounds of reports. Beside another process on its core a worker runs a
+   small share at full speed and a larger one slower (its bursts outlast the kernel's turn:
+   ``benchmarks/core_share.py``), so once relieved it measures as fast as the others, and its
+   speed then overstates what it would do with more. If partitions given back to it after
+   the hold make the job slower (step 6 undoes them), its next hold is twice as long. Equal workers, or workers whose imbalance no move can reduce by ``min_gain``, see no
    move at all; the first time an imbalance has passed the rules of step 3 and no move fits,
    the policy says so once (:attr:`BalancePolicy.notes`, a line of the job's progress output)
    and why: too few partitions to split it finer, or only workers that wait for a CPU to take
@@ -198,11 +203,11 @@ class BalancePolicy:
                  max_moves: int = 8, settle: int = 2, undo_margin: float = 0.05,
                  quiet_rounds: int = 20, wait_margin: float = 0.10,
                  drain_wait: float = 0.25, evidence: float = 2.0,
-                 spell_factor: float = 1.6) -> None:
+                 spell_factor: float = 1.6, hold_rounds: int = 40) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         counts = {"patience": patience, "max_moves": max_moves, "settle": settle,
-                  "quiet_rounds": quiet_rounds}
+                  "quiet_rounds": quiet_rounds, "hold_rounds": hold_rounds}
         for name, count in counts.items():  # counts of rounds and moves: slices and ranges
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {count!r}")
@@ -235,6 +240,7 @@ class BalancePolicy:
         self.drain_wait = drain_wait
         self.evidence = evidence
         self.spell_factor = spell_factor
+        self.hold_rounds = hold_rounds
         self.evidence_needed = evidence * self._spell_scale(n_workers)
         self.notes: list[str] = []  # see MovePolicy
         self._said_no_move = False  # once a job: the imbalance no move could help
@@ -243,6 +249,10 @@ class BalancePolicy:
         self._drain_tried: set[int] = set()  # ... once each: an undone drain is not retried
         self._relieved: set[int] = set()  # workers a round of moves has taken partitions off
         self._hurried: set[int] = set()  # ... whose undone round skipped the quiet rounds
+        self._held: dict[int, int] = {}  # worker -> rounds of reports it still takes nothing
+        self._hold_for: dict[int, int] = {}  # worker relieved for being slower -> next hold
+        self._slower: set[int] = set()  # the sources the last plan found slower
+        self._hold_blocked = False  # the last plan left out a move for a held worker
         self.parts: dict[tuple[int, int], _Partition] = {}
         self.workers = [_Worker() for _ in range(n_workers)]
         # per worker: consecutive decisions that found its load over the threshold, and
@@ -350,6 +360,10 @@ class BalancePolicy:
             return []
         for w in workers:
             w.fresh = False
+        for k in list(self._held):  # every round of reports counts, moving or not
+            self._held[k] -= 1
+            if self._held[k] <= 0:
+                del self._held[k]
         if ctrl.in_flight:
             self._wait_rounds = self.settle
             return []
@@ -393,9 +407,13 @@ class BalancePolicy:
             # a user who slowed a worker (CANARY_SLOWDOWN) and sees nothing move is told why
             self._said_no_move = True
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
+            held = ", ".join(map(str, sorted(self._held)))
             why = ("every worker it could go to loses more of its time waiting for a CPU "
                    "(more processes than cores on this machine?), and a partition there would "
                    "answer late" if self._wait_blocked else
+                   f"worker(s) {held} had partitions moved off for being slower and take none "
+                   "back for a while (with another process on its core a worker runs a small "
+                   "share at full speed and a larger one slower)" if self._hold_blocked else
                    f"no single partition's move lowers the busiest load by {self.min_gain:.0%} "
                    "of the even share (more partitions per worker would split it finer)")
             self.notes.append(f"worker {src} is the busiest ({loads[src]:.0%} of its time "
@@ -412,6 +430,8 @@ class BalancePolicy:
                 self._drain_tried.add(self._trial_drain)
             else:
                 self._relieved |= {self.parts[(g, i)].holder for g, i, _, _ in moves}
+                for w in self._slower:
+                    self._held[w] = self._hold_for.setdefault(w, self.hold_rounds)
             self._paces = []
         return moves
 
@@ -497,6 +517,14 @@ class BalancePolicy:
             return []
         if drained is not None:
             self.drained.discard(drained)
+        # A relief undone gives the worker its partitions back: nothing to hold. Partitions
+        # given back to a worker relieved for being slower made the job slower: its speed with
+        # the smaller share overstated it (another process on its core); twice as long a hold.
+        for src in {src for _, _, src, _ in moved}:
+            self._held.pop(src, None)
+        for dst in {dst for _, _, _, dst in moved} & set(self._hold_for):
+            self._hold_for[dst] *= 2
+            self._held[dst] = self._hold_for[dst]
         back = []
         for g, i, src, dst in moved:
             if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
@@ -528,7 +556,8 @@ class BalancePolicy:
         # worker takes no partition from one that waits markedly less.
         paces = [w.pace for w in self.workers]
         moves: list[tuple[int, int, int, str]] = []
-        self._wait_blocked = False
+        self._wait_blocked = self._hold_blocked = False
+        self._slower = set()
         while len(moves) < self.max_moves:
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
             top = loads[src]
@@ -539,6 +568,9 @@ class BalancePolicy:
                     continue
                 for dst in range(self.n_workers):
                     if dst == src or dst == p.came_from or dst in self.drained:
+                        continue
+                    if dst in self._held:
+                        self._hold_blocked = True
                         continue
                     if paces[dst] < paces[src] - self.wait_margin:
                         self._wait_blocked = True
@@ -572,6 +604,8 @@ class BalancePolicy:
             slower = speeds[dst] / speeds[src]
             who = (f"worker {src} is {slower:.2f}x slower than worker {dst}{cpu} and busier"
                    if slower > 1.05 else f"worker {src} is the busiest")
+            if slower > 1.05:
+                self._slower.add(src)
             moves.append((key[0], key[1], dst,
                           f"{who} ({top:.0%} of its time against an even {ideal:.0%}); "
                           f"predicted {new_top:.0%} after"))
