@@ -200,11 +200,15 @@ class SharedCore:
     a second and the one waiting gains as much; the kernel lets the worker run until its lag is
     ``-slice_s / 2``, then runs the busy process until the worker's lag is ``+slice_s / 2``
     (``2 * slice_s`` of waiting): half the core, in turns. A worker that sleeps (a gap of more
-    than ``awake_s`` between its tasks: less is its own handling) earns ``earn`` seconds of lag
-    a second and wakes with at most ``credit_s``: it runs at once, at full speed for a while. The defaults stand for what ``benchmarks/core_share.py``
-    measured on Linux 6.18 (a burst of 1 ms or less, busy a third of the time or less, runs at
-    full speed; a burst of 3 ms takes about 2.2 times as long at any duty).
-    Stateful: one per worker and run; :meth:`run` must be called in time order."""
+    than ``awake_s`` since it last ran: less is its own handling) earns ``earn`` seconds of lag
+    a second, up to ``credit_s``. Woken by a message, it runs at once if the kernel owes it
+    time, else once the busy process's turn has made up its lag (:meth:`wake`): a wait between
+    its tasks, which its runtime counts as idle. The worker sleeps when idle, as one that waits
+    for its CPU does (``canary.idle.Backoff.note_cpu_wait``). The defaults stand for what
+    ``benchmarks/core_share.py`` measured on Linux 6.18 (a burst of 1 ms or less, busy a third
+    of the time or less, runs at full speed; a burst of 3 ms takes about 2.2 times as long at
+    any duty). Stateful: one per worker and run; :meth:`wake` and :meth:`run` must be called in
+    time order."""
 
     def __init__(self, slice_s: float = 1.8e-3, credit_s: float = 3e-4,
                  earn: float = 0.5, awake_s: float = 2e-5) -> None:
@@ -217,13 +221,24 @@ class SharedCore:
         self.lag = credit_s
         self.last_end = 0.0
 
+    def _sleep_until(self, t: float) -> None:
+        if t - self.last_end > self.awake_s:
+            self.lag = min(self.credit_s, self.lag + self.earn * (t - self.last_end))
+
+    def wake(self, at: float) -> float:
+        """When a worker asleep since it last ran, woken at ``at``, gets the CPU: at once if
+        the kernel owes it time, else once the busy process has run ``2 * -lag``."""
+        self._sleep_until(at)
+        got = at + max(-2 * self.lag, 0.0)
+        self.lag = max(self.lag, 0.0)
+        self.last_end = got
+        return got
+
     def run(self, start: float, cpu: float) -> float:
         """The wall seconds ``cpu`` seconds of work take from ``start`` on the shared core (at
         least ``cpu``: the difference is time waiting for the CPU)."""
         half = self.slice_s / 2
-        slept = start - self.last_end
-        if slept > self.awake_s:
-            self.lag = min(self.credit_s, self.lag + self.earn * slept)
+        self._sleep_until(start)
         left, wall = cpu, 0.0
         while True:
             ran = min(left, max(2 * (self.lag + half), 0.0))
@@ -602,6 +617,11 @@ def run_virtual(program: Program, workers: int, network: Network,
                 continue  # seen at the poll after the running batch or handling
             if free_at[rank] <= now:  # idle: seen at its next poll
                 wake = clocks[rank].next_poll(now)
+                core = cores[rank]
+                if core is not None:  # asleep in the kernel until the busy process lets it run
+                    got = core.wake(wake)
+                    cpu_wait[rank] += got - wake
+                    wake = got
                 idle[rank] += wake - max(idle_since[rank], free_at[rank])
                 free_at[rank] = wake
                 if rank == CONTROLLER and not isinstance(item, (ReportPart, LoadReport)):

@@ -275,6 +275,20 @@ def test_a_worker_that_always_wants_its_shared_core_gets_half_of_it() -> None:
     assert cpu / t == pytest.approx(0.5, abs=0.05)
 
 
+def test_a_worker_woken_when_the_kernel_owes_it_no_time_waits_for_the_busy_process() -> None:
+    # 2.4 ms of work spends its credit (0.3 ms) and its turn (down to -0.9 ms of lag); woken
+    # 30 µs later it waits until the busy process has made that up (twice the lag, less what
+    # the short sleep earned); woken 10 ms later it runs at once
+    core = SharedCore()
+    assert core.run(0.0, 2.4e-3) == pytest.approx(2.4e-3)
+    woken = 2.4e-3 + 3e-5
+    assert core.wake(woken) == pytest.approx(woken + 2 * (0.9e-3 - 0.5 * 3e-5))
+    rested = SharedCore()
+    rested.run(0.0, 2.4e-3)
+    assert rested.wake(12.4e-3) == 12.4e-3
+    assert rested.run(12.4e-3, 1e-3) == pytest.approx(1e-3)  # and at full speed
+
+
 def test_a_shared_core_is_checked() -> None:
     for bad in ({"slice_s": 0.0}, {"credit_s": -1.0}, {"earn": math.inf}, {"awake_s": -1.0}):
         with pytest.raises(ValueError, match="SharedCore: "):
