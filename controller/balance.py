@@ -430,8 +430,8 @@ class BalancePolicy:
                 self._drain_tried.add(self._trial_drain)
             else:
                 self._relieved |= {self.parts[(g, i)].holder for g, i, _, _ in moves}
-                for w in self._slower:
-                    self._held[w] = self._hold_for.setdefault(w, self.hold_rounds)
+                for slow in self._slower:
+                    self._held[slow] = self._hold_for.setdefault(slow, self.hold_rounds)
             self._paces = []
         return moves
 
