@@ -111,6 +111,9 @@ MICRO_DATA, MICRO_ITERS = ["--generate", "1000000,20", "--tol", "1e-30"], 1500
 PPWS = (1, 2, 4, 8, 16)
 SETTLE_WINDOW = 25
 TARGET = 1.15
+# a pinned child's scripted moves, JSON [[at, group, index, dest], ...]: the controller then
+# runs canary.controller.balance.ScriptedPolicy instead of its own (benchmarks/competed_share.py)
+SCRIPT_ENV = "STRAGGLER_SCRIPTED_MOVES"
 
 
 def pinned_child() -> int:
@@ -128,6 +131,13 @@ def pinned_child() -> int:
     # its core to two processes instead of one (logistic regression's iteration: 2.8 against
     # 3.2-3.4 ms, balancing off or on)
     os.sched_setaffinity(0, {cores[max(rank - 1, 0) % len(cores)]})
+    scripted = os.environ.get(SCRIPT_ENV)
+    if scripted:
+        import canary.mpi_runner
+        from canary.controller.balance import ScriptedPolicy
+
+        moves = [(float(at), int(g), int(i), int(d)) for at, g, i, d in json.loads(scripted)]
+        canary.mpi_runner.move_policy = lambda *_: ScriptedPolicy(moves)  # type: ignore
     app = sys.argv[2]
     sys.argv = [app, *sys.argv[3:]]
     runpy.run_path(app, run_name="__main__")
@@ -437,7 +447,8 @@ def virtual_lr(workers: int, ppw: int, iters: int, balance: bool, partition_s: f
                **kwargs: Any) -> Any:
     """Logistic regression (2000 x 6, ``iters`` iterations, ``ppw`` partitions per worker) on
     ``workers`` virtual workers priced by :func:`gradient_cost` (``partition_s`` a partition's
-    gradient), with the balancing policy if ``balance``; ``kwargs`` go to
+    gradient), with the balancing policy if ``balance`` (or ``policy``, if given); ``kwargs`` go
+    to
     :func:`canary.virtual_runner.run_virtual` (``slowdown``, ``noise``, ``shared_cores``,
     ``on_task``). Its :class:`~canary.virtual_runner.VirtualResult`."""
     import apps.logistic_regression as lr
@@ -447,11 +458,12 @@ def virtual_lr(workers: int, ppw: int, iters: int, balance: bool, partition_s: f
     def cost(task: Any, measured_s: float) -> float:
         return gradient_cost(task, measured_s, partition_s)
 
+    policy = kwargs.pop("policy", BalancePolicy(workers) if balance else None)
+
     args = lr.parse_args(["--generate", "2000,6", "--max-iter", str(iters), "--tol", "1e-300",
                           "--print-every", "0", "--partitions", str(workers * ppw)])
     return run_virtual(lr.build(args, workers)[0], workers, Network(5e-6, 1e9, "virtual"),
-                       cost=cost, handle_s=2e-6, runtime=IDEAL,
-                       policy=BalancePolicy(workers) if balance else None, **kwargs)
+                       cost=cost, handle_s=2e-6, runtime=IDEAL, policy=policy, **kwargs)
 
 
 def virtual_run(workers: int, ppw: int, factor: float, iters: int) -> dict[str, Any]:

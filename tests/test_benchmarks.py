@@ -596,6 +596,29 @@ def test_straggler_virtual_competing_prints_a_row_per_worker_count() -> None:
     assert rows[-1]["virtual_competing_over_ideal"] == {"2": row["over_ideal"]}
 
 
+def test_competed_share_leaves_the_competed_worker_each_share_asked_for() -> None:
+    # the script moves 8 - k partitions at the first tick, over MPI and in virtual time (the
+    # benchmark stops with an error if a count differs); the model's rows come from the same
+    # placements, so its iteration grows with what the competed worker keeps once its burst
+    # outlasts the kernel's turn
+    rows = run_bench("competed_share.py", "--keep", "8,4,0", "--rounds", "1", "--quick")
+    runs = [r for r in rows if "run" in r]
+    assert [(r["run"], r.get("keep")) for r in runs] == [
+        ("alone", None), ("competed", 8), ("competed", 4), ("competed", 0)]
+    assert [r["migrations"] for r in runs[1:]] == [0, 4, 8]
+    per_keep = [r for r in rows if "run" not in r and "summary" not in r]
+    assert [r["keep"] for r in per_keep] == [8, 4, 0]
+    for r in runs + per_keep:
+        assert 0 < r["median_ms"] and 0 < r["mean_ms"]
+    summary = rows[-1]
+    assert summary["summary"] == "competed_share" and summary["rounds"] == 1
+    assert summary["partition_ms"] == pytest.approx(summary["alone_ms"] / 8, abs=1e-4)
+    assert set(summary["best_keep"]) == {"machine", "model"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "competed_share.py"),
+                           "--keep", "9"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--keep takes counts from 0 to 8" in proc.stderr
+
+
 @pytest.mark.parametrize("bad", [["--micro-factor", "0.5"], ["--factor", "0"],
                                  ["--workers", "1"], ["--ppw", "0"], ["--virtual", "3,1"],
                                  ["--virtual-competing", "1"], ["--partition-ms", "0"],

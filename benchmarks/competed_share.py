@@ -1,0 +1,129 @@
+"""How much of its share a worker that shares its core with a busy process should keep.
+
+Logistic regression on 2 workers (``benchmarks/straggler.py``'s input, 8 partitions per
+worker), every rank pinned as in that benchmark's ``competing`` scenario, and a busy loop on
+worker 1's core. Balancing off; instead, at the controller's first tick a scripted round of
+moves leaves worker 1 ``k`` of its 8 partitions (the others go to worker 0), for each ``k`` of ``--keep``;
+the runs of each round go through the ``k`` in turn, beside a reference run without the busy
+loop, and ``--rounds`` rounds alternate. Each row gives the run's median and mean iteration
+over its last 40% (``steady`` and ``steady_mean`` of ``straggler.py``).
+
+Then the same runs in virtual time (``canary.virtual_runner.SharedCore`` on worker 1, each
+partition's gradient priced at the reference's median iteration over the partitions per
+worker): the model's account of the same placements, beside the machine's.
+
+Prints JSON lines (one per run, then one per ``k`` with the medians over the rounds and the
+model's figures, then a summary with the best ``k`` by mean on each side).
+
+    python benchmarks/competed_share.py                  # ~8 min
+    python benchmarks/competed_share.py --keep 8,4,0 --rounds 1 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.straggler import (  # noqa: E402
+    APPS,
+    SCRIPT_ENV,
+    busy_loop,
+    run,
+    steady,
+    steady_mean,
+    virtual_lr,
+)
+
+WORKERS, PPW = 2, 8
+KEEP = (8, 6, 5, 4, 3, 2, 0)
+APP = "logistic_regression"
+GROUP = 0  # logistic regression's training data: the first co-location group
+
+
+def script(keep: int) -> list[tuple[float, int, int, int]]:
+    """The moves that leave worker 1 ``keep`` of its partitions (``PPW .. 2 PPW - 1``), at the
+    controller's first tick: its first ``PPW - keep`` to worker 0."""
+    return [(0.0, GROUP, PPW + j, 0) for j in range(PPW - keep)]
+
+
+def figures(times: list[float]) -> dict[str, float]:
+    return {"median_ms": round(steady(times), 4), "mean_ms": round(steady_mean(times), 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keep", default=",".join(map(str, KEEP)), metavar="K,K,...",
+                    help="partitions worker 1 keeps, each 0 to 8 (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
+    ap.add_argument("--timeout", type=int, default=300)
+    args = ap.parse_args(argv)
+    try:
+        keeps = [int(k) for k in args.keep.split(",") if k]
+    except ValueError:
+        keeps = []
+    if not keeps or any(not 0 <= k <= PPW for k in keeps) or args.rounds < 1:
+        ap.error(f"--keep takes counts from 0 to {PPW} (comma-separated), --rounds >= 1")
+    data, iters, qdata, qiters = APPS[APP]
+    if args.quick:  # long enough for the controller's first tick (0.1 s)
+        data, iters = qdata, 10 * qiters
+    argv_app = [*data, "--partitions", str(WORKERS * PPW)]
+    core = sorted(os.sched_getaffinity(0))[(WORKERS - 1) % os.cpu_count()]  # as straggler.py
+    refs: list[float] = []
+    runs: dict[int, list[dict[str, float]]] = {k: [] for k in keeps}
+    for r in range(args.rounds):
+        ref = run(APP, argv_app, iters, WORKERS, False, {}, True, args.timeout)
+        refs.append(steady(ref["iteration_ms"]))
+        print(json.dumps({"round": r, "run": "alone", **figures(ref["iteration_ms"])}),
+              flush=True)
+        for k in keeps:
+            env = {SCRIPT_ENV: json.dumps(script(k))}
+            hog = busy_loop(core)
+            try:
+                got = run(APP, argv_app, iters, WORKERS, False, env, True, args.timeout)
+            finally:
+                hog.kill()
+                hog.wait()
+            row = figures(got["iteration_ms"])
+            runs[k].append(row)
+            print(json.dumps({"round": r, "run": "competed", "keep": k, **row,
+                              "migrations": got["migrations"]}), flush=True)
+            if got["migrations"] != PPW - k:
+                raise RuntimeError(f"keep {k}: {got['migrations']} moves made, not {PPW - k}")
+    alone = statistics.median(refs)
+    partition_s = alone / PPW * 1e-3
+    from canary.controller.balance import ScriptedPolicy
+    from canary.virtual_runner import SharedCore
+
+    v_iters = max(int((0.3 if args.quick else 20.0) / (PPW * partition_s)), 10)
+    best: dict[str, tuple[float, int]] = {}
+    for k in keeps:
+        model = virtual_lr(WORKERS, PPW, v_iters, False, partition_s,
+                           shared_cores={1: SharedCore()}, policy=ScriptedPolicy(script(k)))
+        if model.job.migrations != PPW - k:
+            raise RuntimeError(f"keep {k}, in virtual time: {model.job.migrations} moves made")
+        vt = [t * 1e3 for t in model.iteration_seconds()]
+        row = {"keep": k, "median_ms": round(statistics.median(x["median_ms"] for x in runs[k]), 4),
+               "mean_ms": round(statistics.median(x["mean_ms"] for x in runs[k]), 4),
+               "model_median_ms": round(steady(vt), 4), "model_mean_ms": round(steady_mean(vt), 4)}
+        print(json.dumps(row), flush=True)
+        for side, key in (("machine", "mean_ms"), ("model", "model_mean_ms")):
+            if side not in best or row[key] < best[side][0]:
+                best[side] = (row[key], k)
+    print(json.dumps({"summary": "competed_share", "alone_ms": round(alone, 4),
+                      "partition_ms": round(partition_s * 1e3, 4), "rounds": args.rounds,
+                      "best_keep": {side: k for side, (_, k) in best.items()},
+                      "cpus": len(os.sched_getaffinity(0))}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
