@@ -66,11 +66,12 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    small share at full speed and a larger one slower (its bursts outlast the kernel's turn:
    ``benchmarks/core_share.py``), so once relieved it measures as fast as the others, and its
    speed then overstates what it would do with more. If partitions given back to it after
-   the hold make the job slower (step 6 undoes them), its next hold is twice as long. Equal workers, or workers whose imbalance no move can reduce by ``min_gain``, see no
-   move at all; the first time an imbalance has passed the rules of step 3 and no move fits,
-   the policy says so once (:attr:`BalancePolicy.notes`, a line of the job's progress output)
-   and why: too few partitions to split it finer, or only workers that wait for a CPU to take
-   them.
+   the hold make the job slower (step 6 undoes them), its next hold is twice as long. Equal
+   workers, or workers whose imbalance no move can reduce by ``min_gain``, see no move at
+   all; the first time an imbalance has passed the rules of step 3 and no move fits, the
+   policy says so once (:attr:`BalancePolicy.notes`, a line of the job's progress output) and
+   why: too few partitions to split it finer, only workers that wait for a CPU to take them,
+   or only workers on hold.
 6. It then checks that the moves paid: the job's pace (the program positions the workers
    report, per second) over the ``patience`` rounds after, against the ``patience`` rounds
    that led to the moves. If the job got more than ``undo_margin`` (5%) slower, the model was
