@@ -13,9 +13,12 @@ partition's gradient priced at the reference's median iteration over the partiti
 worker): the model's account of the same placements, beside the machine's.
 
 Prints JSON lines (one per run, then one per ``k`` with the medians over the rounds and the
-model's figures, then a summary with the best ``k`` by mean on each side).
+model's figures, then a summary with the best ``k`` by mean on each side); ``--plot DIR``
+draws ``competed_share.png`` (mean iteration against the partitions kept, each round's runs,
+their median and the model's, beside the run without the busy loop). :func:`plot` draws the
+same from the rows of a results file.
 
-    python benchmarks/competed_share.py                  # ~8 min
+    python benchmarks/competed_share.py --plot DIR       # ~8 min
     python benchmarks/competed_share.py --keep 8,4,0 --rounds 1 --quick
 """
 
@@ -27,6 +30,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--plot", default=None, metavar="DIR", help="write the chart here")
     args = ap.parse_args(argv)
     try:
         keeps = [int(k) for k in args.keep.split(",") if k]
@@ -77,13 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         data, iters = qdata, 10 * qiters
     argv_app = [*data, "--partitions", str(WORKERS * PPW)]
     core = sorted(os.sched_getaffinity(0))[(WORKERS - 1) % os.cpu_count()]  # as straggler.py
+    rows: list[dict[str, Any]] = []
+
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
     refs: list[float] = []
     runs: dict[int, list[dict[str, float]]] = {k: [] for k in keeps}
     for r in range(args.rounds):
         ref = run(APP, argv_app, iters, WORKERS, False, {}, True, args.timeout)
         refs.append(steady(ref["iteration_ms"]))
-        print(json.dumps({"round": r, "run": "alone", **figures(ref["iteration_ms"])}),
-              flush=True)
+        emit({"round": r, "run": "alone", **figures(ref["iteration_ms"])})
         for k in keeps:
             env = {SCRIPT_ENV: json.dumps(script(k))}
             hog = busy_loop(core)
@@ -94,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                 hog.wait()
             row = figures(got["iteration_ms"])
             runs[k].append(row)
-            print(json.dumps({"round": r, "run": "competed", "keep": k, **row,
-                              "migrations": got["migrations"]}), flush=True)
+            emit({"round": r, "run": "competed", "keep": k, **row,
+                  "migrations": got["migrations"]})
             if got["migrations"] != PPW - k:
                 raise RuntimeError(f"keep {k}: {got['migrations']} moves made, not {PPW - k}")
     alone = statistics.median(refs)
@@ -114,15 +124,50 @@ def main(argv: list[str] | None = None) -> int:
         row = {"keep": k, "median_ms": round(statistics.median(x["median_ms"] for x in runs[k]), 4),
                "mean_ms": round(statistics.median(x["mean_ms"] for x in runs[k]), 4),
                "model_median_ms": round(steady(vt), 4), "model_mean_ms": round(steady_mean(vt), 4)}
-        print(json.dumps(row), flush=True)
+        emit(row)
         for side, key in (("machine", "mean_ms"), ("model", "model_mean_ms")):
             if side not in best or row[key] < best[side][0]:
                 best[side] = (row[key], k)
-    print(json.dumps({"summary": "competed_share", "alone_ms": round(alone, 4),
-                      "partition_ms": round(partition_s * 1e3, 4), "rounds": args.rounds,
-                      "best_keep": {side: k for side, (_, k) in best.items()},
-                      "cpus": len(os.sched_getaffinity(0))}), flush=True)
+    emit({"summary": "competed_share", "alone_ms": round(alone, 4),
+          "partition_ms": round(partition_s * 1e3, 4), "rounds": args.rounds,
+          "best_keep": {side: k for side, (_, k) in best.items()},
+          "cpus": len(os.sched_getaffinity(0))})
+    if args.plot:
+        plot(rows, args.plot)
     return 0
+
+
+def plot(rows: list[dict[str, Any]], out: str) -> str:
+    """Draw ``competed_share.png`` in ``out`` from the benchmark's rows; return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out, exist_ok=True)
+    runs = [r for r in rows if r.get("run") == "competed"]
+    per_keep = sorted((r for r in rows if "run" not in r and "summary" not in r),
+                      key=lambda r: r["keep"])
+    alone = [r["mean_ms"] for r in rows if r.get("run") == "alone"]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.scatter([r["keep"] for r in runs], [r["mean_ms"] for r in runs], s=12, alpha=0.5,
+               label="each run")
+    ax.plot([r["keep"] for r in per_keep], [r["mean_ms"] for r in per_keep], marker="o",
+            label="the machine (median of the rounds)")
+    ax.plot([r["keep"] for r in per_keep], [r["model_mean_ms"] for r in per_keep], marker="s",
+            ls="--", label="the model (SharedCore)")
+    if alone:
+        ax.axhline(statistics.median(alone), color="k", lw=0.8, ls=":",
+                   label="without the busy loop")
+    ax.set_xlabel(f"partitions worker 1 keeps (of {PPW}; the rest on worker 0)")
+    ax.set_ylabel("mean iteration (ms)")
+    ax.set_title("logistic regression, 2 workers, a busy loop on worker 1's core", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out, "competed_share.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

@@ -596,12 +596,14 @@ def test_straggler_virtual_competing_prints_a_row_per_worker_count() -> None:
     assert rows[-1]["virtual_competing_over_ideal"] == {"2": row["over_ideal"]}
 
 
-def test_competed_share_leaves_the_competed_worker_each_share_asked_for() -> None:
+def test_competed_share_leaves_the_competed_worker_each_share_asked_for(tmp_path: Path) -> None:
     # the script moves 8 - k partitions at the first tick, over MPI and in virtual time (the
     # benchmark stops with an error if a count differs); the model's rows come from the same
     # placements, so its iteration grows with what the competed worker keeps once its burst
     # outlasts the kernel's turn
-    rows = run_bench("competed_share.py", "--keep", "8,4,0", "--rounds", "1", "--quick")
+    rows = run_bench("competed_share.py", "--keep", "8,4,0", "--rounds", "1", "--quick",
+                     "--plot", str(tmp_path))
+    assert (tmp_path / "competed_share.png").stat().st_size > 0
     runs = [r for r in rows if "run" in r]
     assert [(r["run"], r.get("keep")) for r in runs] == [
         ("alone", None), ("competed", 8), ("competed", 4), ("competed", 0)]
