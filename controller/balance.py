@@ -84,9 +84,14 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    between tasks, after a round of moves already cut its share, is emptied (its serial steps'
    groups too) when the others can take the rest at a predicted load of at most
    ``1 - min_gain``: every iteration waits for such a worker whatever it holds (see
-   :meth:`BalancePolicy._drain`). Once per worker; it takes no partition after, unless the
-   pace check undoes the emptying. When the round that cut such a worker's share is undone,
-   the quiet rounds are skipped (once per worker): the emptying is the remedy left.
+   :meth:`BalancePolicy._drain`). When the others cannot take it all, half of its share
+   moves instead (the heaviest partitions), held back as in step 5: a smaller share runs
+   more of its work within the kernel's turn (``benchmarks/competed_share.py``: beside a busy
+   loop, 3 of 8 partitions served best, against the 5 a round of moves had left and the 0 of
+   emptying). Once per worker, emptying or halving; an emptied worker takes no partition
+   after, unless the pace check undoes the emptying. When the round that cut such a worker's
+   share is undone, the quiet rounds are skipped (once per worker): the emptying is the
+   remedy left.
 """
 
 from __future__ import annotations
@@ -248,6 +253,7 @@ class BalancePolicy:
         self._wait_blocked = False  # the last plan left out a move for the wait_margin rule
         self.drained: set[int] = set()  # workers emptied for their waits for a CPU
         self._drain_tried: set[int] = set()  # ... once each: an undone drain is not retried
+        self._drain_half = False  # the last drain moved half the worker's share, not all
         self._relieved: set[int] = set()  # workers a round of moves has taken partitions off
         self._hurried: set[int] = set()  # ... whose undone round skipped the quiet rounds
         self._held: dict[int, int] = {}  # worker -> rounds of reports it still takes nothing
@@ -427,7 +433,11 @@ class BalancePolicy:
                            before, getattr(ctrl, "snapshots_started", 0))
             self._trial_drain = self.parts[moves[0][:2]].holder if drain else None
             if self._trial_drain is not None:
-                self.drained.add(self._trial_drain)
+                if self._drain_half:  # held back like a worker relieved for being slower
+                    self._held[self._trial_drain] = self._hold_for.setdefault(
+                        self._trial_drain, self.hold_rounds)
+                else:  # emptied: it takes no partition after
+                    self.drained.add(self._trial_drain)
                 self._drain_tried.add(self._trial_drain)
             else:
                 self._relieved |= {self.parts[(g, i)].holder for g, i, _, _ in moves}
@@ -460,15 +470,13 @@ class BalancePolicy:
         """All the partitions of the worker that loses the most of its active time
         waiting for a CPU, above ``drain_wait``, once an earlier round of moves has taken part
         of its share, if the other workers can take the rest (their predicted load at most
-        ``1 - min_gain``: the job would run faster on them alone than it runs now); else none.
+        ``1 - min_gain``: the job would run faster on them alone than it runs now); else half
+        of its spread partitions, the heaviest (``_drain_half``; the pace check judges it).
         Such a worker (another process on its core, and tasks far shorter than the scheduler's
         time slice) answers every message late whatever it holds, so the others still sit idle
         after its share was cut: every iteration waits for it. A worker that is merely slow
-        leaves the others busy once its share is cut, and no drain fits. A worker is emptied
-        once; the pace check undoes it like any other round of moves. (Measured since: beside
-        a busy loop, a worker whose work in an iteration is under about 1 ms runs it at full
-        speed, so a small share could serve better than none on 4 workers; see
-        docs/performance.md, "What share a competed worker can hold at full speed".)"""
+        waits for no CPU between its tasks and is no candidate. A worker is emptied or halved
+        once; the pace check undoes either like any other round of moves."""
         cands = [w for w in self._relieved
                  if w not in self._drain_tried and loads[w] > 0
                  and self.workers[w].pace < 1 - self.drain_wait]
@@ -494,9 +502,28 @@ class BalancePolicy:
                 return []
             moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
         top = max(after[w] for w in others)
-        if top > 1 - self.min_gain:
-            return []
         lost = 1.0 - self.workers[src].pace
+        self._drain_half = top > 1 - self.min_gain
+        if self._drain_half:
+            # The others cannot take it all: half of its share, the heaviest, which the pace
+            # check (step 6) keeps only if the job got no slower. A smaller share runs more of
+            # its work within the kernel's turn (benchmarks/competed_share.py: 3 of 8 served
+            # best beside a busy loop, against the 5 this policy had left and the 0 of
+            # emptying).
+            spread = sorted((k for k in work if self.parts[k].holder == src),
+                            key=lambda k: (-work[k], k))
+            after = list(loads)
+            half = []
+            for key in spread[:len(spread) // 2]:
+                dst = min(others, key=lambda w: (after[w] + work[key] / speeds[w], w))
+                after[dst] += work[key] / speeds[dst]
+                half.append((key[0], key[1], dst))
+            top = max(after[w] for w in others)
+            return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
+                                f"(another process on its core?), which every iteration waits "
+                                f"for, and the others cannot take all of its share: moving half "
+                                f"of it (predicted {top:.0%} of their time)")
+                    for g, i, dst in half]
         return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
                             f"(another process on its core?), which every iteration waits for "
                             f"whatever it holds: moving its partitions to the others "
