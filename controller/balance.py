@@ -487,15 +487,19 @@ class BalancePolicy:
                   and self.workers[w].pace >= self.workers[src].pace]
         if not others:
             return []
+        spread = sorted((k for k in work if self.parts[k].holder == src),
+                        key=lambda k: (-work[k], k))
         after = list(loads)
         moves = []
-        for key in sorted((k for k in work if self.parts[k].holder == src),
-                          key=lambda k: (-work[k], k)):
+        half_top = 0.0  # the others' highest predicted load after the heavier half
+        for n, key in enumerate(spread):
             if ctrl.moving(*key):
                 return []
             dst = min(others, key=lambda w: (after[w] + work[key] / speeds[w], w))
             after[dst] += work[key] / speeds[dst]
             moves.append((key[0], key[1], dst))
+            if n + 1 == len(spread) // 2:
+                half_top = max(after[w] for w in others)
         # its serial steps too (a model's weights): every iteration waits for those as well
         for key in sorted(k for k, p in self.parts.items() if p.holder == src and k not in work):
             if ctrl.moving(*key):
@@ -509,21 +513,13 @@ class BalancePolicy:
             # check (step 6) keeps only if the job got no slower. A smaller share runs more of
             # its work within the kernel's turn (benchmarks/competed_share.py: 3 of 8 served
             # best beside a busy loop, against the 5 this policy had left and the 0 of
-            # emptying).
-            spread = sorted((k for k in work if self.parts[k].holder == src),
-                            key=lambda k: (-work[k], k))
-            after = list(loads)
-            half = []
-            for key in spread[:len(spread) // 2]:
-                dst = min(others, key=lambda w: (after[w] + work[key] / speeds[w], w))
-                after[dst] += work[key] / speeds[dst]
-                half.append((key[0], key[1], dst))
-            top = max(after[w] for w in others)
+            # emptying). The greedy placement of the heavier half is the first half of the
+            # whole one's.
             return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
                                 f"(another process on its core?), which every iteration waits "
                                 f"for, and the others cannot take all of its share: moving half "
-                                f"of it (predicted {top:.0%} of their time)")
-                    for g, i, dst in half]
+                                f"of it (predicted {half_top:.0%} of their time)")
+                    for g, i, dst in moves[:len(spread) // 2]]
         return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
                             f"(another process on its core?), which every iteration waits for "
                             f"whatever it holds: moving its partitions to the others "
