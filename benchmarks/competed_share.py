@@ -44,6 +44,7 @@ from benchmarks.straggler import (  # noqa: E402
     steady,
     steady_mean,
     virtual_lr,
+    worker_core,
 )
 
 WORKERS, PPW = 2, 8
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:  # long enough for the controller's first tick (0.1 s)
         data, iters = qdata, 10 * qiters
     argv_app = [*data, "--partitions", str(WORKERS * PPW)]
-    core = sorted(os.sched_getaffinity(0))[(WORKERS - 1) % os.cpu_count()]  # as straggler.py
+    core = worker_core(WORKERS - 1)
     rows: list[dict[str, Any]] = []
 
     def emit(row: dict[str, Any]) -> None:

@@ -116,6 +116,14 @@ TARGET = 1.15
 SCRIPT_ENV = "STRAGGLER_SCRIPTED_MOVES"
 
 
+def worker_core(worker: int) -> int:
+    """The core a pinned run puts ``worker`` on (:func:`pinned_child`), and so the core a busy
+    loop competing with it must take: the worker's place among the cores this process may use,
+    round and round."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[worker % len(cores)]
+
+
 def pinned_child() -> int:
     """Run under mpiexec: pin this rank (a worker to a core of its own, the controller to the
     first worker's), then run the app."""
@@ -125,12 +133,11 @@ def pinned_child() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     rank = int(os.environ.get("PMI_RANK", "0"))
-    cores = sorted(os.sched_getaffinity(0))
     # the controller shares the first worker's core, never the slowed one's: left free, it
     # landed on the busy loop's core in some runs and not others, and the slowed worker lost
     # its core to two processes instead of one (logistic regression's iteration: 2.8 against
     # 3.2-3.4 ms, balancing off or on)
-    os.sched_setaffinity(0, {cores[max(rank - 1, 0) % len(cores)]})
+    os.sched_setaffinity(0, {worker_core(max(rank - 1, 0))})
     scripted = os.environ.get(SCRIPT_ENV)
     if scripted:
         import canary.mpi_runner
@@ -346,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {"CANARY_SLOWDOWN": f"{slow}:{args.factor:g}"} if scenario == "slowdown" else {}
             got: dict[bool, dict[str, Any]] = {}
             for balance in (False, True):
-                hog = busy_loop(sorted(os.sched_getaffinity(0))[slow % os.cpu_count()]) \
+                hog = busy_loop(worker_core(slow)) \
                     if scenario == "competing" else None
                 try:
                     got[balance] = run(app, argv_app, iters, W, balance, env,

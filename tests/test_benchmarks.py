@@ -534,6 +534,16 @@ def test_spell_noise_slows_each_worker_in_its_own_seeded_spells() -> None:
     assert [noise(0, t) for t in ts] == [spell_noise(3, 0.5, 1, 200)(0, t) for t in ts]
 
 
+def test_straggler_puts_a_competing_busy_loop_on_its_workers_core() -> None:
+    # the pinned child and the busy loop use one mapping, which wraps round the cores this
+    # process may use (more workers than cores, or an affinity narrower than the machine)
+    from benchmarks.straggler import worker_core
+
+    cores = sorted(os.sched_getaffinity(0))
+    assert [worker_core(w) for w in range(2 * len(cores) + 1)] == \
+        [cores[w % len(cores)] for w in range(2 * len(cores) + 1)]
+
+
 def test_straggler_inputs_grow_with_the_workers() -> None:
     from benchmarks.straggler import APPS, per_worker
 
