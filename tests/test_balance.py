@@ -54,6 +54,10 @@ class Job:
         """Worker ``w``'s speed now (what it holds may change it: :class:`SharedCoreJob`)."""
         return self.speeds[w]
 
+    def held(self, w: int) -> float:
+        """The work worker ``w`` holds."""
+        return sum(self.work[k] for k, o in self.ctrl.owners.items() if o == w)
+
     def loads(self) -> list[float]:
         """Seconds of work each worker has per round."""
         out = [0.0] * len(self.speeds)
@@ -603,8 +607,7 @@ class SharedCoreJob(Job):
         self.victim, self.free = victim, free
 
     def speed(self, w: int) -> float:
-        held = sum(self.work[k] for k, o in self.ctrl.owners.items() if o == w)
-        return self.speeds[w] * (0.5 if w == self.victim and held > self.free else 1.0)
+        return self.speeds[w] * (0.5 if w == self.victim and self.held(w) > self.free else 1.0)
 
 
 def test_a_worker_relieved_for_being_slower_is_not_offered_its_partitions_back_at_once() -> None:
@@ -646,8 +649,7 @@ class SharedLagJob(LaggingJob):
         self.free = free
 
     def lagging(self) -> bool:
-        held = sum(self.work[k] for k, o in self.ctrl.owners.items() if o == self.victim)
-        return held > self.free
+        return self.held(self.victim) > self.free
 
     def period(self) -> float:
         return max(self.loads()) + (self.lag if self.lagging() else 0.0)
