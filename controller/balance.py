@@ -434,17 +434,20 @@ class BalancePolicy:
             self._trial_drain = self.parts[moves[0][:2]].holder if drain else None
             if self._trial_drain is not None:
                 if self._drain_half:  # held back like a worker relieved for being slower
-                    self._held[self._trial_drain] = self._hold_for.setdefault(
-                        self._trial_drain, self.hold_rounds)
+                    self._hold(self._trial_drain)
                 else:  # emptied: it takes no partition after
                     self.drained.add(self._trial_drain)
                 self._drain_tried.add(self._trial_drain)
             else:
                 self._relieved |= {self.parts[(g, i)].holder for g, i, _, _ in moves}
                 for slow in self._slower:
-                    self._held[slow] = self._hold_for.setdefault(slow, self.hold_rounds)
+                    self._hold(slow)
             self._paces = []
         return moves
+
+    def _hold(self, worker: int) -> None:
+        """``worker`` takes no partition for its hold (``hold_rounds`` at first; see step 5)."""
+        self._held[worker] = self._hold_for.setdefault(worker, self.hold_rounds)
 
     def _forget_evidence(self) -> None:
         self._uneven = 0
@@ -548,7 +551,7 @@ class BalancePolicy:
             self._held.pop(src, None)
         for dst in {dst for _, _, _, dst in moved} & set(self._hold_for):
             self._hold_for[dst] *= 2
-            self._held[dst] = self._hold_for[dst]
+            self._hold(dst)
         back = []
         for g, i, src, dst in moved:
             if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
