@@ -81,17 +81,19 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    A snapshot started in between (``ctrl.snapshots_started`` changed: the workers stood still
    to write it) voids the check.
 7. A worker that loses more than ``drain_wait`` (25%) of its active time waiting for a CPU
-   between tasks, after a round of moves already cut its share, is emptied (its serial steps'
-   groups too) when the others can take the rest at a predicted load of at most
-   ``1 - min_gain``: every iteration waits for such a worker whatever it holds (see
-   :meth:`BalancePolicy._drain`). When the others cannot take it all, half of its share
-   moves instead (the heaviest partitions), held back as in step 5: a smaller share runs
-   more of its work within the kernel's turn (``benchmarks/competed_share.py``: beside a busy
-   loop, 3 of 8 partitions served best, against the 5 a round of moves had left and the 0 of
-   emptying). Once per worker, emptying or halving; an emptied worker takes no partition
+   between tasks, after a round of moves already cut its share, answers messages late, and
+   every iteration waits for it. First half of its share moves (the heaviest partitions),
+   and it is held back as in step 5: a smaller share runs more of its work within the
+   kernel's turn (``benchmarks/competed_share.py``: beside a busy loop, 3 of 8 partitions
+   served best in each of four rounds, against the 5 a round of moves had left and the 0 of
+   emptying), while emptying it caps the job at ``(W - 1 + s) / (W - 1)`` of the ideal (``s``
+   its speed: 1.17x on 4 workers at half speed). If it still loses that much after the
+   halving (kept or undone), it is emptied (its serial steps' groups too) when the others can
+   take the rest at a predicted load of at most ``1 - min_gain`` (see
+   :meth:`BalancePolicy._drain`). Once per worker each; an emptied worker takes no partition
    after, unless the pace check undoes the emptying. When the round that cut such a worker's
-   share is undone, the quiet rounds are skipped (once per worker): the emptying is the
-   remedy left.
+   share, or its halving, is undone, the quiet rounds are skipped (once each): the emptying
+   is the remedy left.
 """
 
 from __future__ import annotations
@@ -253,6 +255,7 @@ class BalancePolicy:
         self._wait_blocked = False  # the last plan left out a move for the wait_margin rule
         self.drained: set[int] = set()  # workers emptied for their waits for a CPU
         self._drain_tried: set[int] = set()  # ... once each: an undone drain is not retried
+        self._halved: set[int] = set()  # workers a drain has taken half the share of
         self._drain_half = False  # the last drain moved half the worker's share, not all
         self._relieved: set[int] = set()  # workers a round of moves has taken partitions off
         self._hurried: set[int] = set()  # ... whose undone round skipped the quiet rounds
@@ -272,7 +275,7 @@ class BalancePolicy:
         # the last round of moves ((group, index, from, to)), the pace before it and how many
         # snapshots had started then, until judged
         self._trial: tuple[list[tuple[int, int, int, int]], float, int] | None = None
-        self._trial_drain: int | None = None  # the worker the last round emptied, if it did
+        self._trial_drain: int | None = None  # the worker the last round emptied or halved
         self._undos = 0
         self.decisions: list[str] = []  # why each move was made, for the progress line
 
@@ -435,9 +438,10 @@ class BalancePolicy:
             if self._trial_drain is not None:
                 if self._drain_half:  # held back like a worker relieved for being slower
                     self._hold(self._trial_drain)
+                    self._halved.add(self._trial_drain)
                 else:  # emptied: it takes no partition after
                     self.drained.add(self._trial_drain)
-                self._drain_tried.add(self._trial_drain)
+                    self._drain_tried.add(self._trial_drain)
             else:
                 self._relieved |= {self.parts[(g, i)].holder for g, i, _, _ in moves}
                 for slow in self._slower:
@@ -470,16 +474,19 @@ class BalancePolicy:
 
     def _drain(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
                ctrl: Any) -> list[tuple[int, int, int, str]]:
-        """All the partitions of the worker that loses the most of its active time
-        waiting for a CPU, above ``drain_wait``, once an earlier round of moves has taken part
-        of its share, if the other workers can take the rest (their predicted load at most
-        ``1 - min_gain``: the job would run faster on them alone than it runs now); else half
-        of its spread partitions, the heaviest (``_drain_half``; the pace check judges it).
-        Such a worker (another process on its core, and tasks far shorter than the scheduler's
-        time slice) answers every message late whatever it holds, so the others still sit idle
-        after its share was cut: every iteration waits for it. A worker that is merely slow
-        waits for no CPU between its tasks and is no candidate. A worker is emptied or halved
-        once; the pace check undoes either like any other round of moves."""
+        """Moves for the worker that loses the most of its active time waiting for a CPU,
+        above ``drain_wait``, once an earlier round of moves has taken part of its share: first
+        half of its spread partitions, the heaviest (``_drain_half``); if it still waits that
+        much after, all the rest (its serial steps too), when the other workers can take it
+        (their predicted load at most ``1 - min_gain``: the job would run faster on them alone
+        than it runs now). Such a worker (another process on its core) answers messages late
+        while its bursts of work outlast the kernel's turn, so the others still sit idle after
+        its share was cut: every iteration waits for it. Half first, since a small enough
+        share runs at full speed, and emptying gives up a worker that could have done it. A
+        worker that is merely slow waits for no CPU between its tasks and is no candidate. A
+        worker is halved once and emptied once; the pace check judges either like any other
+        round of moves. An undone halving still leads to the emptying: the worker's waits did
+        not shrink with its share, so no share of it is worth keeping."""
         cands = [w for w in self._relieved
                  if w not in self._drain_tried and loads[w] > 0
                  and self.workers[w].pace < 1 - self.drain_wait]
@@ -510,19 +517,25 @@ class BalancePolicy:
             moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
         top = max(after[w] for w in others)
         lost = 1.0 - self.workers[src].pace
-        self._drain_half = top > 1 - self.min_gain
+        fits = top <= 1 - self.min_gain
+        self._drain_half = src not in self._halved and len(spread) >= 2
         if self._drain_half:
-            # The others cannot take it all: half of its share, the heaviest, which the pace
-            # check (step 6) keeps only if the job got no slower. A smaller share runs more of
-            # its work within the kernel's turn (benchmarks/competed_share.py: 3 of 8 served
-            # best beside a busy loop, against the 5 this policy had left and the 0 of
-            # emptying). The greedy placement of the heavier half is the first half of the
-            # whole one's.
+            # Half of its share, the heaviest, which the pace check (step 6) keeps only if the
+            # job got no slower. A smaller share runs more of its work within the kernel's turn
+            # (benchmarks/competed_share.py: beside a busy loop, 3 of 8 partitions served
+            # best, against the 5 a round of moves had left and the 0 of emptying, in each of
+            # four rounds); emptying caps the job at (W - 1 + s) / (W - 1) of the ideal (s its
+            # speed: 1.17x on 4 workers). The greedy placement of the heavier half is the
+            # first half of the whole one's.
+            why = ("the others could take all of its share, but a smaller one may run at full "
+                   "speed: moving half of it first" if fits else
+                   "and the others cannot take all of its share: moving half of it")
             return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
                                 f"(another process on its core?), which every iteration waits "
-                                f"for, and the others cannot take all of its share: moving half "
-                                f"of it (predicted {half_top:.0%} of their time)")
+                                f"for, {why} (predicted {half_top:.0%} of their time)")
                     for g, i, dst in moves[:len(spread) // 2]]
+        if not fits:
+            return []
         return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
                             f"(another process on its core?), which every iteration waits for "
                             f"whatever it holds: moving its partitions to the others "
@@ -560,10 +573,13 @@ class BalancePolicy:
                                         f"slower, not faster: moving partition {i} back to worker "
                                         f"{src}"))
         # Cutting the share of a worker that waits for its CPU did not pay: the remedy left is
-        # emptying it (see _drain), which need not wait out the quiet rounds, once per worker.
+        # emptying it (see _drain), which need not wait out the quiet rounds, once per worker,
+        # and once more after its halving.
+        halving = drained is not None and drained not in self._drain_tried
         lagging = {src for _, _, src, _ in moved
                    if self.workers[src].pace < 1 - self.drain_wait
-                   and src not in self._drain_tried | self._hurried}
+                   and src not in self._drain_tried
+                   and (src not in self._hurried or halving)}
         if lagging:
             self._hurried |= lagging
             self._wait_rounds = self.settle
