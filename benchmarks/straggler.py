@@ -11,8 +11,8 @@ the time of its tasks, stays the same at any count:
 * ``slowdown``: the last worker's tasks take ``--factor`` (3) times as long
   (``CANARY_SLOWDOWN``, the engine spins for the difference);
 * ``competing``: a busy loop pinned to the last worker's core, every worker pinned to a core of
-  its own (``os.sched_setaffinity``) and the controller to the first worker's, so the last
-  worker gets about half of its core. Its reference is ``equal_pinned``, a run pinned the same
+  its own (``os.sched_setaffinity``) and the controller to one more core where there is one,
+  else to the first worker's, so the last worker gets about half of its core. Its reference is ``equal_pinned``, a run pinned the same
   way without the busy loop (balancing on), so that the ideal comes from the same placement:
   on a 16-core virtual machine the pinned runs of 8 workers ran slower all through than the
   unpinned equal run, beyond what the one competed worker explains (once it held nothing,
@@ -124,20 +124,29 @@ def worker_core(worker: int) -> int:
     return cores[worker % len(cores)]
 
 
+def controller_core(workers: int) -> int:
+    """The core a pinned run of ``workers`` workers puts the controller on: the next core after
+    the workers' where this process may use more cores than there are workers, else the first
+    worker's (never the last, slowed one's)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return worker_core(workers if len(cores) > workers else 0)
+
+
 def pinned_child() -> int:
-    """Run under mpiexec: pin this rank (a worker to a core of its own, the controller to the
-    first worker's), then run the app."""
+    """Run under mpiexec: pin this rank (a worker to a core of its own, the controller to
+    :func:`controller_core`'s), then run the app."""
     import runpy
 
     # this folder holds benchmarks/apps.py, which would shadow the ``apps`` package
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     rank = int(os.environ.get("PMI_RANK", "0"))
-    # the controller shares the first worker's core, never the slowed one's: left free, it
-    # landed on the busy loop's core in some runs and not others, and the slowed worker lost
-    # its core to two processes instead of one (logistic regression's iteration: 2.8 against
-    # 3.2-3.4 ms, balancing off or on)
-    os.sched_setaffinity(0, {worker_core(max(rank - 1, 0))})
+    workers = int(os.environ.get("PMI_SIZE", "2")) - 1
+    # the controller is pinned too, never to the slowed worker's core: left free, it landed on
+    # the busy loop's core in some runs and not others, and the slowed worker lost its core to
+    # two processes instead of one (logistic regression's iteration: 2.8 against 3.2-3.4 ms,
+    # balancing off or on)
+    os.sched_setaffinity(0, {worker_core(rank - 1) if rank else controller_core(workers)})
     scripted = os.environ.get(SCRIPT_ENV)
     if scripted:
         import canary.mpi_runner

@@ -544,6 +544,16 @@ def test_straggler_puts_a_competing_busy_loop_on_its_workers_core() -> None:
         [cores[w % len(cores)] for w in range(2 * len(cores) + 1)]
 
 
+def test_straggler_gives_the_controller_a_core_of_its_own_where_there_is_one() -> None:
+    from benchmarks.straggler import controller_core
+
+    cores = sorted(os.sched_getaffinity(0))
+    assert controller_core(len(cores)) == cores[0]  # no spare core: the first worker's
+    if len(cores) > 1:
+        assert controller_core(len(cores) - 1) == cores[-1]  # the one the workers leave
+    assert controller_core(1) == cores[1 % len(cores)]
+
+
 def test_straggler_inputs_grow_with_the_workers() -> None:
     from benchmarks.straggler import APPS, per_worker
 
