@@ -437,17 +437,23 @@ def test_apps_names_a_peer_whose_answer_is_wrong(monkeypatch: pytest.MonkeyPatch
 
 
 def test_core_share_quick_measures_a_burst_beside_a_busy_loop() -> None:
-    rows = run_bench("core_share.py", "--quick", "--slices", "20")
+    rows = run_bench("core_share.py", "--quick", "--slices", "20", "--alone")
     cases, summary = rows[:-1], rows[-1]
-    assert [(r["burst_ms"], r["duty"], r["slice_ms"]) for r in cases] == [(1.0, 0.3, 0.0),
-                                                                         (1.0, 0.3, 20.0)]
+    assert [(r["burst_ms"], r["duty"], r["slice_ms"], r.get("alone", False)) for r in cases] \
+        == [(1.0, 0.3, 0.0, True), (1.0, 0.3, 0.0, False), (1.0, 0.3, 20.0, False)]
     for r in cases:  # a burst's wall time is never shorter than its CPU time
         assert r["bursts"] == 40 and 0.99 <= r["median"] <= r["p90"] <= r["p99"]
-    assert summary["summary"] == "core_share" and summary["cases"] == 2
+        assert r["mean"] >= 0.99
+        # a wait ends at or after its deadline
+        assert 0 <= r["late_ms_median"] <= r["late_ms_p90"] and r["late_ms_mean"] >= 0
+    assert summary["summary"] == "core_share" and summary["cases"] == 3
     assert summary["core"] in os.sched_getaffinity(0)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "core_share.py"),
                            "--slices", "500"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "within 0.1 to 100 ms" in proc.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "core_share.py"),
+                           "--duties", "1.5"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--duties within (0, 1)" in proc.stderr
 
 
 def test_straggler_quick_prints_each_run_and_a_summary(tmp_path: Path) -> None:
