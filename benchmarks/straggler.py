@@ -207,6 +207,7 @@ def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
     times = [(b - a) / 1e3 for a, b in zip(ends, ends[1:])]  # ms
     return {"iteration_ms": times, "at_s": [(e - t0) / 1e6 for e in ends[1:]], "moves_s": moves,
             "worker_load": worker_load(events),
+            "partition_ms": partition_ms(events, times),
             "migrations": summary["migrations"], "bytes_migrated": summary["bytes_migrated"],
             "controller_cpu_percent": summary.get("controller_cpu_percent"),
             "moves_said": [line for line in proc.stderr.splitlines()
@@ -230,6 +231,19 @@ def worker_load(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                         for r in tail), 3),
                     "polls_hot": round(sum(r.polls_hot for r in tail) / len(tail), 3)})
     return out
+
+
+def partition_ms(events: list[dict[str, Any]], times: list[float]) -> float | None:
+    """The median time the tasks of one partition of the first co-location group (the
+    training data: logistic regression's gradients) take an iteration, over the load reports
+    of the run's last 40%: a report's seconds for the partition over the iterations it spans
+    (its interval over the mean iteration, ``times`` in ms, of the same part). None without
+    reports."""
+    reports = [rep for _, rep in load_reports(events)]
+    tail = reports[int(len(reports) * 0.6):]
+    per = [seconds / rep.interval * steady_mean(times)
+           for rep in tail for g, _, seconds, _ in rep.busy if g == 0 and rep.interval > 0]
+    return statistics.median(per) if per else None
 
 
 def loop_ends(events: list[dict[str, Any]]) -> list[float]:
@@ -464,9 +478,9 @@ def virtual_lr(workers: int, ppw: int, iters: int, balance: bool, partition_s: f
     """Logistic regression (2000 x 6, ``iters`` iterations, ``ppw`` partitions per worker) on
     ``workers`` virtual workers priced by :func:`gradient_cost` (``partition_s`` a partition's
     gradient), with the balancing policy if ``balance`` (or ``policy``, if given); ``kwargs`` go
-    to
-    :func:`canary.virtual_runner.run_virtual` (``slowdown``, ``noise``, ``shared_cores``,
-    ``on_task``). Its :class:`~canary.virtual_runner.VirtualResult`."""
+    to :func:`canary.virtual_runner.run_virtual` (``slowdown``, ``noise``, ``shared_cores``,
+    ``on_task``; ``runtime`` and ``handle_s``, by default a runtime that costs nothing and
+    2 µs an event). Its :class:`~canary.virtual_runner.VirtualResult`."""
     import apps.logistic_regression as lr
     from canary.controller.balance import BalancePolicy
     from canary.virtual_runner import IDEAL, Network, run_virtual
@@ -478,8 +492,10 @@ def virtual_lr(workers: int, ppw: int, iters: int, balance: bool, partition_s: f
 
     args = lr.parse_args(["--generate", "2000,6", "--max-iter", str(iters), "--tol", "1e-300",
                           "--print-every", "0", "--partitions", str(workers * ppw)])
+    kwargs.setdefault("runtime", IDEAL)
+    kwargs.setdefault("handle_s", 2e-6)
     return run_virtual(lr.build(args, workers)[0], workers, Network(5e-6, 1e9, "virtual"),
-                       cost=cost, handle_s=2e-6, runtime=IDEAL, policy=policy, **kwargs)
+                       cost=cost, policy=policy, **kwargs)
 
 
 def virtual_run(workers: int, ppw: int, factor: float, iters: int) -> dict[str, Any]:

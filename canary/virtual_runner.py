@@ -202,16 +202,17 @@ class SharedCore:
     (``2 * slice_s`` of waiting): half the core, in turns. A worker that sleeps (a gap of more
     than ``awake_s`` since it last ran: less is its own handling) earns ``earn`` seconds of lag
     a second, up to ``credit_s``. Woken by a message, it runs at once if the kernel owes it
-    time, else once the busy process's turn has made up its lag (:meth:`wake`): a wait between
-    its tasks, which its runtime counts as idle. The worker sleeps when idle, as one that waits
-    for its CPU does (``canary.idle.Backoff.note_cpu_wait``). The defaults stand for what
-    ``benchmarks/core_share.py`` measured on Linux 6.18 (a burst of 1 ms or less, busy a third
-    of the time or less, runs at full speed; a burst of 3 ms takes about 2.2 times as long at
-    any duty). Stateful: one per worker and run; :meth:`wake` and :meth:`run` must be called in
-    time order."""
+    time, else after a whole turn of the busy process (:meth:`wake`): a wait between its tasks,
+    which its runtime counts as idle. The worker sleeps when idle, as one that waits for its
+    CPU does (``canary.idle.Backoff.note_cpu_wait``). The defaults stand for what
+    ``benchmarks/core_share.py`` measured on Linux 6.18: a burst of 1.25 ms or less runs at full
+    speed, of 1.5-3 ms 1.6-2.3 times as long; busy a fifth of the time, such bursts see their
+    waits end on time, busy 30% of it a fifth to a quarter of the waits end a whole turn (about
+    2 ms) late. Stateful: one per worker and run; :meth:`wake` and :meth:`run` must be called
+    in time order."""
 
-    def __init__(self, slice_s: float = 1.8e-3, credit_s: float = 3e-4,
-                 earn: float = 0.5, awake_s: float = 2e-5) -> None:
+    def __init__(self, slice_s: float = 1.2e-3, credit_s: float = 3e-4,
+                 earn: float = 0.15, awake_s: float = 2e-5) -> None:
         if not 0 < slice_s < math.inf:
             raise ValueError(f"SharedCore: slice_s must be a finite number above 0, got {slice_s}")
         for name, value in (("credit_s", credit_s), ("earn", earn), ("awake_s", awake_s)):
@@ -227,10 +228,13 @@ class SharedCore:
 
     def wake(self, at: float) -> float:
         """When a worker asleep since it last ran, woken at ``at``, gets the CPU: at once if
-        the kernel owes it time, else once the busy process has run ``2 * -lag``."""
+        the kernel owes it time, else after a whole turn of the busy process."""
         self._sleep_until(at)
-        got = at + max(-2 * self.lag, 0.0)
-        self.lag = max(self.lag, 0.0)
+        half = self.slice_s / 2
+        got = at
+        if self.lag < 0:
+            got += 2 * (half - self.lag)
+            self.lag = half
         self.last_end = got
         return got
 

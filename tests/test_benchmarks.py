@@ -622,6 +622,25 @@ def test_straggler_virtual_competing_prints_a_row_per_worker_count() -> None:
     assert rows[-1]["virtual_competing_over_ideal"] == {"2": row["over_ideal"]}
 
 
+def test_straggler_prices_a_partition_from_the_load_reports_of_the_runs_last_part() -> None:
+    from benchmarks.straggler import partition_ms
+
+    def report(t: float, worker: int, busy: list[list[float]]) -> dict[str, Any]:
+        return {"ph": "i", "cat": "load", "name": "LoadReport", "ts": t * 1e6,
+                "args": {"eid": int(t * 10) * 2 + worker, "worker": worker, "interval": 0.5,
+                         "busy": busy, "idle": 0.1, "tasks": 10, "seq": 1, "done": False,
+                         "cpu": 0.4, "cpu_wait": 0.0}}
+
+    # 5 reports a worker; the first 3 (start-up: 0.3 s of a partition's tasks) are left out;
+    # then each training partition's tasks take 0.1 or 0.12 s of the 0.5, at 2 ms an iteration
+    # (250 iterations): 0.4 and 0.48 ms an iteration; the model's partition (group 1) is not one
+    events = [report(0.5 * k, w, [[0, 2 * w, 0.3 if k < 3 else 0.1, 8],
+                                  [0, 2 * w + 1, 0.3 if k < 3 else 0.12, 8], [1, 0, 0.3, 8]])
+              for k in range(5) for w in range(2)]
+    assert partition_ms(events, [2.0] * 100) == pytest.approx(0.44)
+    assert partition_ms([], [2.0]) is None
+
+
 def test_competed_share_leaves_the_competed_worker_each_share_asked_for(tmp_path: Path) -> None:
     # the script moves 8 - k partitions at the first tick, over MPI and in virtual time (the
     # benchmark stops with an error if a count differs); the model's rows come from the same
@@ -640,7 +659,12 @@ def test_competed_share_leaves_the_competed_worker_each_share_asked_for(tmp_path
         assert 0 < r["median_ms"] and 0 < r["mean_ms"]
     summary = rows[-1]
     assert summary["summary"] == "competed_share" and summary["rounds"] == 1
-    assert summary["partition_ms"] == pytest.approx(summary["alone_ms"] / 8, abs=1e-4)
+    if summary["partition_priced_from"] == "iteration over partitions":
+        assert summary["partition_ms"] == pytest.approx(summary["alone_ms"] / 8, abs=1e-4)
+    else:  # a gradient, without the iteration's reduce, broadcast and loop test
+        assert summary["partition_priced_from"] == "load reports"
+        assert 0 < summary["partition_ms"] < summary["alone_ms"] / 8
+    assert summary["model_alone_ms"] > 0
     assert set(summary["best_keep"]) == {"machine", "model"}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "competed_share.py"),
                            "--keep", "9"], capture_output=True, text=True, timeout=60)
