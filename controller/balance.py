@@ -80,20 +80,21 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    move for ``quiet_rounds`` (20) rounds of reports, twice that after a second undo, and so on.
    A snapshot started in between (``ctrl.snapshots_started`` changed: the workers stood still
    to write it) voids the check.
-7. A worker that loses more than ``drain_wait`` (25%) of its active time waiting for a CPU
-   between tasks, after a round of moves already cut its share, answers messages late, and
-   every iteration waits for it. First half of its share moves (the heaviest partitions),
-   and it is held back as in step 5: a smaller share runs more of its work within the
-   kernel's turn (``benchmarks/competed_share.py``: beside a busy loop, 3 of 8 partitions
-   served best in each of four rounds, against the 5 a round of moves had left and the 0 of
-   emptying), while emptying it caps the job at ``(W - 1 + s) / (W - 1)`` of the ideal (``s``
-   its speed: 1.17x on 4 workers at half speed). If it still loses that much after the
-   halving (kept or undone), it is emptied (its serial steps' groups too) when the others can
-   take the rest at a predicted load of at most ``1 - min_gain`` (see
+7. A worker that loses more than ``drain_wait`` (25%) of its time waiting for a CPU, after a
+   round of moves already cut its share (or tried to), holds every iteration back: between
+   its tasks it answers messages late, and inside them the other process takes its turns
+   (:meth:`BalancePolicy.lost` counts both). First half of its share moves (the heaviest
+   partitions), and it is held back as in step 5: a smaller share runs more of its work
+   within the kernel's turn (``benchmarks/competed_share.py``: beside a busy loop, keeping 3
+   of 8 partitions beat emptying in each of six rounds, and the 5 a round of moves had left
+   in five), while emptying it caps the job at ``(W - 1 + s) / (W - 1)`` of the
+   ideal (``s`` its speed: 1.17x on 4 workers at half speed). If it still loses that much
+   after the halving (kept or undone), it is emptied (its serial steps' groups too) when the
+   others can take the rest at a predicted load of at most ``1 - min_gain`` (see
    :meth:`BalancePolicy._drain`). Once per worker each; an emptied worker takes no partition
    after, unless the pace check undoes the emptying. When the round that cut such a worker's
-   share, or its halving, is undone, the quiet rounds are skipped (once each): the emptying
-   is the remedy left.
+   share is undone, or its halving where the others could take it all, the quiet rounds are
+   skipped (once each): the emptying is the remedy left.
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ class _Partition:
 @dataclass
 class _Worker:
     pace: float = 1.0  # smoothed fraction of its active time not spent waiting for a CPU
+    waiting: float = 0.0  # smoothed fraction of its time on or waiting for a CPU spent waiting
     progress: float = 0.0  # program positions a second over its last report interval
     seq: int | None = None  # its program position at its last report
     reports: int = 0
@@ -257,6 +259,7 @@ class BalancePolicy:
         self._drain_tried: set[int] = set()  # ... once each: an undone drain is not retried
         self._halved: set[int] = set()  # workers a drain has taken half the share of
         self._drain_half = False  # the last drain moved half the worker's share, not all
+        self._empty_fits = False  # ... and the others could have taken all of it then
         self._relieved: set[int] = set()  # workers a round of moves has taken partitions off
         self._hurried: set[int] = set()  # ... whose undone round skipped the quiet rounds
         self._held: dict[int, int] = {}  # worker -> rounds of reports it still takes nothing
@@ -306,6 +309,7 @@ class BalancePolicy:
         if runnable > 0:
             pace = 1.0 - min(between / max(active, 1e-9), 0.9)
             w.pace += self.smoothing * (pace - w.pace)
+            w.waiting += self.smoothing * (rep.cpu_wait / runnable - w.waiting)
         scale = active / tasks if tasks > 0 else 0.0
         for g, i, seconds, nbytes in rep.busy:
             key = (g, i)
@@ -449,6 +453,14 @@ class BalancePolicy:
             self._paces = []
         return moves
 
+    def lost(self, worker: int) -> float:
+        """The fraction of its time another process takes from ``worker``: its waits for a CPU
+        between its tasks over its active time (where the waits stall the others: see
+        :meth:`_drain`), or all its waits for a CPU over its time on or waiting for one (waits
+        inside its tasks: bursts that outlast the kernel's turn), whichever is more."""
+        w = self.workers[worker]
+        return max(1.0 - w.pace, w.waiting)
+
     def _hold(self, worker: int) -> None:
         """``worker`` takes no partition for its hold (``hold_rounds`` at first; see step 5)."""
         self._held[worker] = self._hold_for.setdefault(worker, self.hold_rounds)
@@ -488,13 +500,12 @@ class BalancePolicy:
         round of moves. An undone halving still leads to the emptying: the worker's waits did
         not shrink with its share, so no share of it is worth keeping."""
         cands = [w for w in self._relieved
-                 if w not in self._drain_tried and loads[w] > 0
-                 and self.workers[w].pace < 1 - self.drain_wait]
+                 if w not in self._drain_tried and loads[w] > 0 and self.lost(w) > self.drain_wait]
         if not cands:
             return []
-        src = min(cands, key=lambda w: (self.workers[w].pace, w))
+        src = max(cands, key=lambda w: (self.lost(w), -w))
         others = [w for w in range(self.n_workers) if w != src and w not in self.drained
-                  and self.workers[w].pace >= self.workers[src].pace]
+                  and self.lost(w) <= self.lost(src) - self.wait_margin]
         if not others:
             return []
         spread = sorted((k for k in work if self.parts[k].holder == src),
@@ -516,9 +527,10 @@ class BalancePolicy:
                 return []
             moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
         top = max(after[w] for w in others)
-        lost = 1.0 - self.workers[src].pace
+        lost = self.lost(src)
         fits = top <= 1 - self.min_gain
         self._drain_half = src not in self._halved and len(spread) >= 2
+        self._empty_fits = fits
         if self._drain_half:
             # Half of its share, the heaviest, which the pace check (step 6) keeps only if the
             # job got no slower. A smaller share runs more of its work within the kernel's turn
@@ -574,10 +586,10 @@ class BalancePolicy:
                                         f"{src}"))
         # Cutting the share of a worker that waits for its CPU did not pay: the remedy left is
         # emptying it (see _drain), which need not wait out the quiet rounds, once per worker,
-        # and once more after its halving.
-        halving = drained is not None and drained not in self._drain_tried
+        # and once more after its halving if the others could take it all.
+        halving = drained is not None and drained not in self._drain_tried and self._empty_fits
         lagging = {src for _, _, src, _ in moved
-                   if self.workers[src].pace < 1 - self.drain_wait
+                   if self.lost(src) > self.drain_wait
                    and src not in self._drain_tried
                    and (src not in self._hurried or halving)}
         if lagging:

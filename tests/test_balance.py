@@ -509,9 +509,13 @@ def test_moves_that_slow_the_job_are_undone_and_not_retried_for_a_while() -> Non
     undone = [r for r, why in said if "slower, not faster: moving partition" in why]
     assert undone and "made the job" in said[-1][1]
     # quiet for 20 rounds of reports after the undo (plus the settling ones), then it may try
-    # once more; never back and forth every few rounds
+    # once more; never back and forth every few rounds. The one exception is rule 7's: the
+    # worker loses a third of its time waiting for a CPU, so right after the first undo half
+    # of its share is tried (and undone: its waits do not shrink with its share)
     moved_at = sorted({r for r, _ in said})
-    assert all(b - a > 20 for a, b in zip(moved_at, moved_at[1:]) if a in undone)
+    quick = [b for a, b in zip(moved_at, moved_at[1:]) if a in undone and b - a <= 20]
+    halvings = sorted({r for r, why in said if "moving half of it" in why})
+    assert quick == halvings and len(halvings) == 1
 
 
 def test_moves_that_speed_the_job_up_stay() -> None:
@@ -596,8 +600,9 @@ def test_a_worker_is_not_emptied_when_the_others_cannot_take_its_share() -> None
     for r in range(200):
         job.round(policy, r * 0.5)
         held.append(sum(w == 1 for w in job.ctrl.owners.values()))
-    assert policy.drained == set()
-    assert min(held) == 7 and held.count(7) < 30  # a partition on trial now and then, undone
+    assert policy.drained == set() and held[-1] == 8
+    # a partition on trial now and then, undone; half its share tried once, undone
+    assert set(held) == {8, 7, 4} and held.count(7) < 30 and held.count(4) <= 6
 
 
 class SharedCoreJob(Job):
@@ -710,4 +715,40 @@ def test_a_lagging_worker_the_others_could_empty_is_halved_first_and_kept_if_tha
                "speed: moving half of it first" in why for why in said)
     kept = job.held(1)
     assert 0 < kept <= 3 and policy.drained == set()
+    assert job.period() < -(-8 * workers // (workers - 1))  # faster than the others alone
+
+
+class InTaskLagJob(SharedLagJob):
+    """A :class:`SharedLagJob` whose worker's waits for its CPU fall inside its tasks (its
+    bursts outlast the kernel's turn, so the busy process takes its turns mid-task): its tasks
+    take the lag longer, and its reports carry the CPU time and the waits."""
+
+    def round(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
+        period = self.period()
+        self.seq += 10
+        lag = self.lag if self.lagging() else 0.0
+        for w in range(len(self.speeds)):
+            mine = [k for k, o in sorted(self.ctrl.owners.items()) if o == w]
+            work = sum(self.work[k] for k in mine)
+            stretch = (work + lag) / work if w == self.victim and work else 1.0
+            busy = tuple((k[0], k[1], self.work[k] * stretch, self.nbytes) for k in mine)
+            tasks = sum(b[2] for b in busy)
+            policy.report(LoadReport(0, w, period, busy, max(period - tasks, 0.0), 10, self.seq,
+                                     False, work, tasks - work), now)
+        return self.decide(policy, now)
+
+
+@pytest.mark.parametrize("workers", [4, 8])
+def test_a_worker_whose_waits_fall_inside_its_tasks_is_halved_too(workers: int) -> None:
+    # Seen in virtual time with a shared core (straggler.py --virtual-competing 4): the waits
+    # of a worker whose bursts outlast the kernel's turn fall inside its tasks, not between
+    # them, and its pace never showed them. Cutting its share by its speed is undone (it still
+    # lags), so without the halving it keeps all 8 partitions and every iteration waits
+    job = InTaskLagJob(6.0, 4.0, speeds=[1.0] * workers, parts=uniform(workers, 8))
+    policy = BalancePolicy(workers)
+    said: list[str] = []
+    for r in range(200):
+        said += [why for *_, why in job.round(policy, r * 0.5)]
+    assert any("moving half of it first" in why for why in said)
+    assert job.held(1) == 4 and not job.lagging() and policy.drained == set()
     assert job.period() < -(-8 * workers // (workers - 1))  # faster than the others alone
