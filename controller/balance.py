@@ -486,16 +486,17 @@ class BalancePolicy:
 
     def _drain(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
                ctrl: Any) -> list[tuple[int, int, int, str]]:
-        """Moves for the worker that loses the most of its active time waiting for a CPU,
+        """Moves for the worker that loses the most of its time waiting for a CPU (:meth:`lost`),
         above ``drain_wait``, once an earlier round of moves has taken part of its share: first
         half of its spread partitions, the heaviest (``_drain_half``); if it still waits that
         much after, all the rest (its serial steps too), when the other workers can take it
         (their predicted load at most ``1 - min_gain``: the job would run faster on them alone
-        than it runs now). Such a worker (another process on its core) answers messages late
-        while its bursts of work outlast the kernel's turn, so the others still sit idle after
-        its share was cut: every iteration waits for it. Half first, since a small enough
-        share runs at full speed, and emptying gives up a worker that could have done it. A
-        worker that is merely slow waits for no CPU between its tasks and is no candidate. A
+        than it runs now), which must each lose ``wait_margin`` less. Such a worker (another
+        process on its core) answers messages late, and waits inside its tasks while its
+        bursts of work outlast the kernel's turn, so the others still sit idle after its share
+        was cut: every iteration waits for it. Half first, since a small enough share runs at
+        full speed, and emptying gives up a worker that could have done it. A worker that is
+        merely slow waits for no CPU and is no candidate. A
         worker is halved once and emptied once; the pace check judges either like any other
         round of moves. An undone halving still leads to the emptying: the worker's waits did
         not shrink with its share, so no share of it is worth keeping."""
@@ -534,11 +535,11 @@ class BalancePolicy:
         if self._drain_half:
             # Half of its share, the heaviest, which the pace check (step 6) keeps only if the
             # job got no slower. A smaller share runs more of its work within the kernel's turn
-            # (benchmarks/competed_share.py: beside a busy loop, 3 of 8 partitions served
-            # best, against the 5 a round of moves had left and the 0 of emptying, in each of
-            # four rounds); emptying caps the job at (W - 1 + s) / (W - 1) of the ideal (s its
-            # speed: 1.17x on 4 workers). The greedy placement of the heavier half is the
-            # first half of the whole one's.
+            # (benchmarks/competed_share.py: beside a busy loop, keeping 3 of 8 partitions beat
+            # emptying in each of six rounds, and the 5 a round of moves had left in five);
+            # emptying caps the job at (W - 1 + s) / (W - 1) of the ideal (s its speed: 1.17x
+            # on 4 workers). The greedy placement of the heavier half is the first half of the
+            # whole one's.
             why = ("the others could take all of its share, but a smaller one may run at full "
                    "speed: moving half of it first" if fits else
                    "and the others cannot take all of its share: moving half of it")
