@@ -12,12 +12,13 @@ the time of its tasks, stays the same at any count:
   (``CANARY_SLOWDOWN``, the engine spins for the difference);
 * ``competing``: a busy loop pinned to the last worker's core, every worker pinned to a core of
   its own (``os.sched_setaffinity``) and the controller to one more core where there is one,
-  else to the first worker's, so the last worker gets about half of its core. Its reference is ``equal_pinned``, a run pinned the same
-  way without the busy loop (balancing on), so that the ideal comes from the same placement:
-  on a 16-core virtual machine the pinned runs of 8 workers ran slower all through than the
-  unpinned equal run, beyond what the one competed worker explains (once it held nothing,
-  4.6 ms an iteration at the 10th percentile against 2.4 ms), at a time when a pinned worker
-  never polled hot when idle (``canary.idle.has_own_core`` now lets it).
+  else to the first worker's, so the last worker gets about half of its core. Its reference
+  is ``equal_pinned``, a run pinned the same way without the busy loop (balancing on), so
+  that the ideal comes from the same placement: on a 16-core virtual machine the pinned runs
+  of 8 workers ran slower all through than the unpinned equal run, beyond what the one
+  competed worker explains (once it held nothing, 4.6 ms an iteration at the 10th percentile
+  against 2.4 ms), at a time when a pinned worker never polled hot when idle
+  (``canary.idle.has_own_core`` now lets it).
 
 Each run's iterations are timed from the workers' own records of the loop test
 (``CANARY_TRACE_LEVEL=loop``) and each move from its trace span. The **ideal** iteration time
