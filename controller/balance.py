@@ -653,7 +653,7 @@ class BalancePolicy:
             loads[dst] += work[key] / speeds[dst]
             owner[key] = dst
             p.came_from = src
-            lost = 1.0 - self.workers[src].pace
+            lost = self.lost(src)
             cpu = (f", losing {lost:.0%} of its time waiting for a CPU (another process on its "
                    "core?)," if lost > 0.15 else "")
             # a plan's later moves may even out what its first ones did, from a faster worker

@@ -750,5 +750,8 @@ def test_a_worker_whose_waits_fall_inside_its_tasks_is_halved_too(workers: int) 
     for r in range(200):
         said += [why for *_, why in job.round(policy, r * 0.5)]
     assert any("moving half of it first" in why for why in said)
+    # the first round's reason names the waits too, though none fell between tasks
+    assert said[0].startswith("worker 1 is ") and ", losing 43% of its time waiting for a CPU" \
+        in said[0]
     assert job.held(1) == 4 and not job.lagging() and policy.drained == set()
     assert job.period() < -(-8 * workers // (workers - 1))  # faster than the others alone
