@@ -65,6 +65,11 @@ def figures(times: list[float]) -> dict[str, float]:
     return {"median_ms": round(steady(times), 4), "mean_ms": round(steady_mean(times), 4)}
 
 
+def model_ms(result: Any) -> list[float]:
+    """A virtual run's iteration times in ms."""
+    return [t * 1e3 for t in result.iteration_seconds()]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keep", default=",".join(map(str, KEEP)), metavar="K,K,...",
@@ -131,17 +136,15 @@ def main(argv: list[str] | None = None) -> int:
                            shared_cores={1: SharedCore()}, policy=ScriptedPolicy(script(k)))
         if model.job.migrations != PPW - k:
             raise RuntimeError(f"keep {k}, in virtual time: {model.job.migrations} moves made")
-        vt = [t * 1e3 for t in model.iteration_seconds()]
         row = {"keep": k, "median_ms": round(statistics.median(x["median_ms"] for x in runs[k]), 4),
                "mean_ms": round(statistics.median(x["mean_ms"] for x in runs[k]), 4),
-               "model_median_ms": round(steady(vt), 4), "model_mean_ms": round(steady_mean(vt), 4)}
+               **{f"model_{name}": v for name, v in figures(model_ms(model)).items()}}
         emit(row)
         for side, key in (("machine", "mean_ms"), ("model", "model_mean_ms")):
             if side not in best or row[key] < best[side][0]:
                 best[side] = (row[key], k)
     emit({"summary": "competed_share", "alone_ms": round(alone, 4),
-          "model_alone_ms": round(steady_mean([t * 1e3 for t in
-                                               model_alone.iteration_seconds()]), 4),
+          "model_alone_ms": figures(model_ms(model_alone))["mean_ms"],
           "partition_ms": round(partition_s * 1e3, 4), "partition_priced_from": priced_from,
           "rounds": args.rounds,
           "best_keep": {side: k for side, (_, k) in best.items()},

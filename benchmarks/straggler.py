@@ -242,9 +242,9 @@ def partition_ms(events: list[dict[str, Any]], times: list[float]) -> float | No
     reports."""
     reports = [rep for _, rep in load_reports(events)]
     tail = reports[int(len(reports) * 0.6):]
-    per = [seconds / rep.interval * steady_mean(times)
-           for rep in tail for g, _, seconds, _ in rep.busy if g == 0 and rep.interval > 0]
-    return statistics.median(per) if per else None
+    shares = [seconds / rep.interval
+              for rep in tail for g, _, seconds, _ in rep.busy if g == 0 and rep.interval > 0]
+    return statistics.median(shares) * steady_mean(times) if shares else None
 
 
 def loop_ends(events: list[dict[str, Any]]) -> list[float]:
@@ -377,8 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {"CANARY_SLOWDOWN": f"{slow}:{args.factor:g}"} if scenario == "slowdown" else {}
             got: dict[bool, dict[str, Any]] = {}
             for balance in (False, True):
-                hog = busy_loop(worker_core(slow)) \
-                    if scenario == "competing" else None
+                hog = busy_loop(worker_core(slow)) if scenario == "competing" else None
                 try:
                     got[balance] = run(app, argv_app, iters, W, balance, env,
                                        scenario == "competing", args.timeout,

@@ -496,10 +496,10 @@ class BalancePolicy:
         bursts of work outlast the kernel's turn, so the others still sit idle after its share
         was cut: every iteration waits for it. Half first, since a small enough share runs at
         full speed, and emptying gives up a worker that could have done it. A worker that is
-        merely slow waits for no CPU and is no candidate. A
-        worker is halved once and emptied once; the pace check judges either like any other
-        round of moves. An undone halving still leads to the emptying: the worker's waits did
-        not shrink with its share, so no share of it is worth keeping."""
+        merely slow waits for no CPU and is no candidate. A worker is halved once and emptied
+        once; the pace check judges either like any other round of moves. An undone halving
+        still leads to the emptying: the worker's waits did not shrink with its share, so no
+        share of it is worth keeping."""
         cands = [w for w in self._relieved
                  if w not in self._drain_tried and loads[w] > 0 and self.lost(w) > self.drain_wait]
         if not cands:
