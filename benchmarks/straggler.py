@@ -36,7 +36,9 @@ median leaves out as it leaves out noise).
 regression on a larger input (per-partition costs matter less) with the last worker
 ``--micro-factor`` (2) times slower, at 1, 2, 4, 8, 16 partitions per worker (``--micro-ppws``
 picks some: a short lease on a bigger machine), balancing on, each beside a run with no worker
-slowed. Whole partitions can split the work only so finely: the
+slowed; ``--micro-rounds R`` runs the sweep R times, every other round in reverse order, and
+the summary gives each count's median over the rounds (a shared machine's load drifts by more
+than the sweep measures within a few minutes). Whole partitions can split the work only so finely: the
 **best split** at each granularity (``best_split_ms``) is the equal run's time scaled by the best
 whole-partition split (e.g. with two workers and one 2x slower, 1 partition per worker can do no
 better than leaving the slow worker its whole share; 8 come within 3% of the 2:1 split). The
@@ -72,7 +74,8 @@ Prints JSON lines (one per run, then a summary) and, with ``--plot DIR``, draws
 reports can be replayed through a changed policy offline (``benchmarks/replay_balance.py``).
 
     python benchmarks/straggler.py --plot docs/img/performance          # ~5 min
-    python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~4 min
+    python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~5 min
+    python benchmarks/straggler.py --apps "" --micro --micro-rounds 3   # ~15 min
     python benchmarks/straggler.py --apps "" --virtual 3,8,16            # ~15 s
     python benchmarks/straggler.py --apps "" --spells 2,4,8,16           # ~3 min
     python benchmarks/straggler.py --apps "" --virtual-competing 2,4,8   # ~2 min
@@ -300,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="how much slower the last worker is in the sweep")
     ap.add_argument("--micro-ppws", default=",".join(map(str, PPWS)), metavar="P,P,...",
                     help="the partitions per worker the sweep runs (default: %(default)s)")
+    ap.add_argument("--micro-rounds", type=int, default=1,
+                    help="run the sweep this many times, every other round in reverse order; "
+                         "the summary gives each count's median over the rounds")
     ap.add_argument("--virtual", default="", metavar="W,W,...",
                     help="also balance on these numbers of virtual workers (virtual time)")
     ap.add_argument("--virtual-competing", default="", metavar="W,W,...",
@@ -335,9 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     if (args.micro_factor < 1 or args.factor < 1 or args.workers < 2 or args.ppw < 1
             or any(w < 2 for w in virtual + spelled + competed) or not ppws
             or any(p < 1 for p in ppws) or not args.spell_rate > 0 or args.spell_seeds < 1
-            or not 0 < args.partition_ms < math.inf):
+            or not 0 < args.partition_ms < math.inf or args.micro_rounds < 1):
         ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2, "
-                 "--ppw and every --micro-ppws count >= 1, --virtual, --virtual-competing and "
+                 "--ppw, --micro-rounds and every --micro-ppws count >= 1, --virtual, "
+                 "--virtual-competing and "
                  "--spells worker counts of 2 or more, --spell-rate > 0, --spell-seeds >= 1 "
                  "and --partition-ms > 0")
     W = args.workers
@@ -419,23 +426,23 @@ def main(argv: list[str] | None = None) -> int:
         app = "logistic_regression"
         data, iters = (APPS[app][2], APPS[app][3]) if args.quick else (MICRO_DATA, MICRO_ITERS)
         env = {"CANARY_SLOWDOWN": f"{slow}:{args.micro_factor:g}"}
-        for ppw in ppws:
+        for rnd, ppw in sweep_order(ppws, args.micro_rounds):
+            tag = f"{app}_micro_{ppw}" + (f"_round{rnd}" if args.micro_rounds > 1 else "")
             argv_app = [*per_worker(data, W), "--partitions", str(W * ppw)]
             eq = run(app, argv_app, iters, W, True, {}, False, args.timeout,
-                     keep(f"{app}_micro_{ppw}_equal"))
+                     keep(f"{tag}_equal"))
             r = run(app, argv_app, iters, W, True, env, False, args.timeout,
-                    keep(f"{app}_micro_{ppw}_slowed"))
+                    keep(f"{tag}_slowed"))
             t_eq, t_on = steady(eq["iteration_ms"]), steady(r["iteration_ms"])
             best = t_eq * W * best_split(W, ppw, args.micro_factor)
             rows.append(emit({"app": app, "scenario": "micropartition", "balance": True,
-                              "ppw": ppw, "factor": args.micro_factor, "steady_ms": t_on,
-                              "equal_ms": round(t_eq, 4), "best_split_ms": round(best, 4),
+                              "ppw": ppw, "round": rnd, "factor": args.micro_factor,
+                              "steady_ms": t_on, "equal_ms": round(t_eq, 4),
+                              "best_split_ms": round(best, 4),
                               "over_best_split": round(t_on / best, 3),
                               "migrations": r["migrations"],
                               "bytes_migrated": r["bytes_migrated"]}, r))
-            summary.setdefault("micro_steady_ms", {})[str(ppw)] = round(t_on, 4)
-            summary.setdefault("micro_best_split_ms", {})[str(ppw)] = round(best, 4)
-            summary.setdefault("micro_equal_ms", {})[str(ppw)] = round(t_eq, 4)
+        summary.update(micro_summary([r for r in rows if r["scenario"] == "micropartition"]))
     for w in virtual:
         row = virtual_run(w, args.ppw, args.factor, 60 if args.quick else 400)
         print(json.dumps(row), flush=True)
@@ -627,6 +634,34 @@ def best_split(workers: int, ppw: int, factor: float) -> float:
     return best
 
 
+def sweep_order(ppws: list[int], rounds: int) -> list[tuple[int, int]]:
+    """The (round, partitions per worker) pairs of the sweep in the order it runs them: every
+    other round reversed, since the machine's load drifts over a sweep of several minutes and
+    a fixed order would hand the drift to the finest (or the coarsest) partitions."""
+    return [(rnd, p) for rnd in range(rounds) for p in (ppws if rnd % 2 == 0 else ppws[::-1])]
+
+
+def micro_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sweep's summary fields from its rows (one per partitions-per-worker count and round):
+    each count's median over the rounds of the balanced iteration, the equal run's and the best
+    split's (``micro_*_ms``), the median of each round's own ratio of the two
+    (``micro_over_best_split``), and the rounds."""
+    by_ppw: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_ppw.setdefault(r["ppw"], []).append(r)
+
+    def median_of(key: str) -> dict[str, float]:
+        return {str(p): round(statistics.median(r[key] for r in rs), 4)
+                for p, rs in sorted(by_ppw.items())}
+
+    return {"micro_steady_ms": median_of("steady_ms"),
+            "micro_best_split_ms": median_of("best_split_ms"),
+            "micro_equal_ms": median_of("equal_ms"),
+            "micro_over_best_split": {p: round(v, 3) for p, v in
+                                      median_of("over_best_split").items()},
+            "micro_rounds": max((len(rs) for rs in by_ppw.values()), default=0)}
+
+
 def emit(row: dict[str, Any], run_: dict[str, Any]) -> dict[str, Any]:
     """Print ``row`` (with the run's iteration series, for the charts) and return it."""
     row = {**row, "steady_ms": round(row["steady_ms"], 4), "iterations": len(run_["iteration_ms"]),
@@ -672,12 +707,18 @@ def plot(rows: list[dict[str, Any]], out: str) -> None:
     micro = [r for r in rows if r["scenario"] == "micropartition"]
     if micro:
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
-        ppw = [r["ppw"] for r in micro]
-        ax.plot(ppw, [r["steady_ms"] for r in micro], marker="o",
-                label="one worker slowed, balancing on")
-        ax.plot(ppw, [r["best_split_ms"] for r in micro], marker=".", ls="--", color="k", lw=0.8,
-                label="best split of whole partitions")
-        ax.plot(ppw, [r["equal_ms"] for r in micro], marker=".", ls=":", color="gray",
+        med = micro_summary(micro)
+        ppw = [int(p) for p in med["micro_steady_ms"]]
+        rounds = med["micro_rounds"]
+        each = f" (median of {rounds} rounds)" if rounds > 1 else ""
+        ax.plot(ppw, list(med["micro_steady_ms"].values()), marker="o",
+                label="one worker slowed, balancing on" + each)
+        if rounds > 1:
+            ax.scatter([r["ppw"] for r in micro], [r["steady_ms"] for r in micro], s=8,
+                       color="C0", alpha=0.5, label="each round")
+        ax.plot(ppw, list(med["micro_best_split_ms"].values()), marker=".", ls="--", color="k",
+                lw=0.8, label="best split of whole partitions")
+        ax.plot(ppw, list(med["micro_equal_ms"].values()), marker=".", ls=":", color="gray",
                 label="no worker slowed")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("partitions per worker")

@@ -602,6 +602,25 @@ def test_straggler_micro_runs_the_partitions_per_worker_asked_for() -> None:
     assert rows[-1]["micro_steady_ms"] == {"3": row["steady_ms"]}
 
 
+def test_straggler_micro_sweep_alternates_its_order_and_takes_medians_over_rounds() -> None:
+    from benchmarks.straggler import micro_summary, sweep_order
+
+    assert sweep_order([1, 4, 16], 3) == [(0, 1), (0, 4), (0, 16), (1, 16), (1, 4), (1, 1),
+                                          (2, 1), (2, 4), (2, 16)]
+    assert sweep_order([2], 1) == [(0, 2)]
+    # made-up rounds: a drift that the medians must leave out
+    rows = [{"ppw": p, "steady_ms": s, "equal_ms": e, "best_split_ms": b, "over_best_split": s / b}
+            for p, s, e, b in [(1, 20.0, 10.0, 20.0), (1, 30.0, 15.0, 30.0), (1, 21.0, 10.0, 20.0),
+                               (8, 11.0, 10.0, 10.3), (8, 16.0, 15.0, 15.5), (8, 10.0, 9.0, 9.9)]]
+    got = micro_summary(rows)
+    assert got["micro_steady_ms"] == {"1": 21.0, "8": 11.0}
+    assert got["micro_equal_ms"] == {"1": 10.0, "8": 10.0}
+    assert got["micro_best_split_ms"] == {"1": 20.0, "8": 10.3}
+    # each round's own ratio, then their median: not the ratio of the medians
+    assert got["micro_over_best_split"] == {"1": 1.0, "8": round(16.0 / 15.5, 3)}
+    assert got["micro_rounds"] == 3
+
+
 def test_straggler_virtual_competing_prints_a_row_per_worker_count() -> None:
     from benchmarks.straggler import ideal_ms
 
