@@ -694,7 +694,8 @@ def test_competed_share_leaves_the_competed_worker_each_share_asked_for(tmp_path
                                  ["--workers", "1"], ["--ppw", "0"], ["--virtual", "3,1"],
                                  ["--virtual-competing", "1"], ["--partition-ms", "0"],
                                  ["--virtual", "eight"], ["--micro-ppws", "4,0"],
-                                 ["--micro-ppws", "eight"], ["--micro-ppws", ""]])
+                                 ["--micro-ppws", "eight"], ["--micro-ppws", ""],
+                                 ["--micro-rounds", "0"]])
 def test_straggler_rejects_settings_it_cannot_model(
         bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     # in-process, as test_apps_needs_a_baseline_run: the check is main()'s; that the script
