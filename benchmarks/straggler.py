@@ -38,11 +38,12 @@ regression on a larger input (per-partition costs matter less) with the last wor
 picks some: a short lease on a bigger machine), balancing on, each beside a run with no worker
 slowed; ``--micro-rounds R`` runs the sweep R times, every other round in reverse order, and
 the summary gives each count's median over the rounds (a shared machine's load drifts by more
-than the sweep measures within a few minutes). Whole partitions can split the work only so finely: the
-**best split** at each granularity (``best_split_ms``) is the equal run's time scaled by the best
-whole-partition split (e.g. with two workers and one 2x slower, 1 partition per worker can do no
-better than leaving the slow worker its whole share; 8 come within 3% of the 2:1 split). The
-slowdown stretches tasks only, not the messages between them, so a run can beat it slightly.
+than the sweep measures within a few minutes). Whole partitions can split the work only so
+finely: the **best split** at each granularity (``best_split_ms``) is the equal run's time
+scaled by the best whole-partition split (e.g. with two workers and one 2x slower, 1 partition
+per worker can do no better than leaving the slow worker its whole share; 8 come within 3% of
+the 2:1 split). The slowdown stretches tasks only, not the messages between them, and the
+scaling stretches the iteration's fixed cost too, so a run can beat it.
 
 ``--virtual 3,8,16`` adds runs on more workers than this machine has cores, in virtual time
 (``canary.virtual_runner.run_virtual``: the real policy and migration protocol, every task run
