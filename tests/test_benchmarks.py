@@ -621,6 +621,26 @@ def test_straggler_micro_sweep_alternates_its_order_and_takes_medians_over_round
     assert got["micro_rounds"] == 3
 
 
+def test_straggler_draws_both_charts_from_rows_of_several_rounds(tmp_path: Path) -> None:
+    from benchmarks.straggler import plot
+
+    series = {"series_at_s": [0.1, 0.2, 0.3], "series_ms": [3.0, 2.0, 2.1]}
+    rows: list[dict[str, Any]] = [
+        {"app": "logistic_regression", "scenario": "equal", "balance": True, **series,
+         "moves_s": []},
+        {"app": "logistic_regression", "scenario": "slowdown", "balance": False, **series,
+         "moves_s": []},
+        {"app": "logistic_regression", "scenario": "slowdown", "balance": True, **series,
+         "moves_s": [0.15], "ideal_ms": 2.0}]
+    for rnd, ppw, ms in [(0, 1, 10.0), (0, 8, 8.0), (1, 8, 9.0), (1, 1, 11.0)]:
+        rows.append({"app": "logistic_regression", "scenario": "micropartition", "balance": True,
+                     "ppw": ppw, "round": rnd, "factor": 2.0, "steady_ms": ms, "equal_ms": 5.0,
+                     "best_split_ms": 10.0 if ppw == 1 else 8.5, "over_best_split": ms / 10.0})
+    plot(rows, str(tmp_path))
+    for name in ("straggler.png", "micropartition_balance.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
 def test_straggler_virtual_competing_prints_a_row_per_worker_count() -> None:
     from benchmarks.straggler import ideal_ms
 
