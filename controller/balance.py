@@ -505,8 +505,9 @@ class BalancePolicy:
         if not cands:
             return []
         src = max(cands, key=lambda w: (self.lost(w), -w))
+        lost = self.lost(src)
         others = [w for w in range(self.n_workers) if w != src and w not in self.drained
-                  and self.lost(w) <= self.lost(src) - self.wait_margin]
+                  and self.lost(w) <= lost - self.wait_margin]
         if not others:
             return []
         spread = sorted((k for k in work if self.parts[k].holder == src),
@@ -528,7 +529,6 @@ class BalancePolicy:
                 return []
             moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
         top = max(after[w] for w in others)
-        lost = self.lost(src)
         fits = top <= 1 - self.min_gain
         self._drain_half = src not in self._halved and len(spread) >= 2
         self._empty_fits = fits
