@@ -8,9 +8,10 @@ a process pinned to one core beside a busy loop pinned there too runs ``--bursts
 CPU work of each length, sleeping between them so that it is busy ``duty`` of the time, and
 reports each burst's wall time over its CPU time (the **stretch**: 1 at full speed, about 2 at
 half a core), and how late it sees the end of each wait (the **lateness**): it waits as an idle
-worker does (``canary.idle.Backoff`` with the worker's settings, and its timer slack) for a
-deadline that stands for the message it waits for, and the lateness is the time from the
-deadline to the first look at the clock after it, what a message's arrival would wait for. ``--slices`` also runs each case after asking the kernel for longer time slices
+worker does (``WorkerConfig.idle_backoff`` without a core of its own, and its timer slack) for
+a deadline that stands for the message it waits for, and the lateness is the time from the
+deadline to the first look at the clock after it, what a message's arrival would wait for.
+``--slices`` also runs each case after asking the kernel for longer time slices
 (``sched_attr.sched_runtime``, honoured by Linux 6.12 and later).
 
 One JSON line per case (``burst_ms``, ``duty``, ``slice_ms``: 0 for the kernel's own; the
@@ -69,12 +70,11 @@ def bursts(burst_s: float, duty: float, count: int) -> tuple[list[float], list[f
     """Run ``count`` bursts of ``burst_s`` CPU seconds, waiting between them as an idle worker
     does (:class:`canary.idle.Backoff`) for a deadline that keeps it busy ``duty`` of the time;
     each burst's wall time over its CPU time, and how late after each deadline it saw it."""
-    from canary.idle import Backoff, tight_timer_slack
+    from canary.idle import tight_timer_slack
     from canary.worker.config import WorkerConfig
 
     tight_timer_slack()
-    config = WorkerConfig()
-    backoff = Backoff(max_sleep=config.max_sleep_s, spins=200)
+    backoff = WorkerConfig().idle_backoff(own_core=False)
     gap = burst_s * (1.0 / duty - 1.0)
     stretch, late = [], []
     for _ in range(count):

@@ -64,7 +64,7 @@ from canary.messages import (
 from canary.program import Program
 from canary.result import JobResult
 from canary.wire import pack
-from canary.worker.config import WorkerConfig
+from canary.worker.config import IDLE_SPINS, WorkerConfig
 from canary.worker.execute import run_task
 from canary.worker.state import WorkerState
 from canary.worker.tasks import K_SIGNAL, RunTask, Task
@@ -134,7 +134,7 @@ IDEAL = Runtime(0.0, 0.0, 0.0, 0.0, 0.0, True, 0.0, False, "ideal")
 
 # canary.idle.Backoff's shortest sleep, and its quick polls (the worker's and the controller's)
 MIN_SLEEP_S = 2e-5
-WORKER_SPINS, CONTROLLER_SPINS = 200, 20
+WORKER_SPINS, CONTROLLER_SPINS = IDLE_SPINS, 20
 
 
 class PollClock:

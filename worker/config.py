@@ -15,6 +15,10 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from canary.env import SLOWDOWN_ENV, env_number
+from canary.idle import Backoff
+
+#: Quick polls of an idle worker before it sleeps or polls hot (the controller's: Backoff's 20).
+IDLE_SPINS = 200
 
 # Environment variable -> (field, multiplier from the variable's unit to the field's, integer?)
 ENVIRONMENT: dict[str, tuple[str, float, bool]] = {
@@ -108,6 +112,14 @@ class WorkerConfig:
     #: difference after each task): a stand-in for a slower machine, for experiments
     #: (``CANARY_SLOWDOWN=WORKER:FACTOR``).
     slowdown: float = 1.0
+
+    def idle_backoff(self, own_core: bool) -> Backoff:
+        """The worker's idle wait (``canary.worker.runtime``): ``IDLE_SPINS`` quick polls, then
+        sleeps up to ``max_sleep_s``; with a core of its own (``own_core``) it polls hot for
+        ``spin_s`` after each burst of work, until it waits for a CPU more than
+        ``hot_wait_limit`` of a report period."""
+        return Backoff(max_sleep=self.max_sleep_s, spins=IDLE_SPINS,
+                       spin_s=self.spin_s if own_core else 0.0, stop_hot_at=self.hot_wait_limit)
 
     @property
     def window_floor(self) -> int:

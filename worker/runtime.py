@@ -94,9 +94,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
     own_core = has_own_core(state.worker, placements)
     if tracer is not None:
         tracer.placement(*placements[state.worker], own_core)
-    backoff = Backoff(max_sleep=config.max_sleep_s, spins=200,
-                      spin_s=config.spin_s if own_core else 0.0,
-                      stop_hot_at=config.hot_wait_limit)
+    backoff = config.idle_backoff(own_core)
     ids = count(1)
     handle = state.handle
     send = tx.send
