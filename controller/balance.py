@@ -15,11 +15,16 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
 
 1. Each report gives, per partition (a co-location group's index: everything that moves
    together), the seconds its tasks took in the report's interval, the worker's idle time, and
-   (on Linux) the seconds it ran on a CPU and waited for one. The time the worker was not idle,
-   with the time it waited for a CPU counted as not idle, is shared out among its partitions in
-   proportion to their tasks' seconds (a worker sharing its core with another job spends much
-   of it waiting for the CPU between tasks); a partition's **cost** is its share as a fraction
-   of the interval, smoothed over reports (``smoothing``). A worker's **load** is the sum of
+   (on Linux) the seconds it ran on a CPU and waited for one. Its tasks' time and the time it
+   waited for a CPU between them is shared out among its partitions in proportion to their
+   tasks' seconds (a worker sharing its core with another job spends much of its time waiting
+   for the CPU between tasks); a partition's **cost** is its share as a fraction of the
+   interval, smoothed over reports (``smoothing``). The rest of its busy time is left out: it
+   is mostly messages, the most on the worker that gathers the others' results, and no move
+   takes it off that worker. Where CPU times are not measured, every second the worker was not
+   idle is shared out (the only sign of waits for a CPU there). A report in which a worker
+   ran none of a group's tasks (the job starting, or in another step) measures nothing of
+   them, and their costs stay as they were. A worker's **load** is the sum of
    its partitions' costs, over the groups with at least one partition per worker
    (:meth:`BalancePolicy.spread_groups`): the fraction of its time it works on what can be
    shared out. A group with fewer (a model's weights) is a serial step the others wait for
@@ -35,7 +40,9 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
 3. The **ideal** load is the total work divided by the total speed: every worker busy alike.
    The policy acts only when a worker's load has exceeded the ideal by more than
    ``threshold`` (10%) in ``patience`` (3) consecutive decisions, each on fresh reports from
-   every worker, and only once every worker has reported ``patience`` times; and only once
+   every worker that ran some of its shared work since its last (a round in which one holding
+   some ran none measured nothing, and is skipped), and only once every worker has reported
+   ``patience`` times; and only once
    those decisions' excesses over the threshold add up to the evidence it needs: ``evidence``
    (2.0) on two workers. The evidence is the time the imbalance has cost so far, in rounds,
    beyond what the threshold tolerates; each worker gathers its own, so that spells on
@@ -193,6 +200,7 @@ class _Worker:
     pace: float = 1.0  # smoothed fraction of its active time not spent waiting for a CPU
     waiting: float = 0.0  # smoothed fraction of its time on or waiting for a CPU spent waiting
     progress: float = 0.0  # program positions a second over its last report interval
+    measured: set[int] = field(default_factory=set)  # groups with tasks in its last report
     seq: int | None = None  # its program position at its last report
     reports: int = 0
     fresh: bool = False  # reported since the last decision
@@ -293,9 +301,9 @@ class BalancePolicy:
         if w.seq is not None:
             w.progress = max(rep.seq - w.seq, 0) / interval
         w.seq = rep.seq
-        # The time a worker was not idle is its partitions' time, shared out as their tasks'
-        # seconds: a worker that shares its core with another job spends much of that time
-        # waiting for the CPU between tasks, which its tasks' own durations do not show.
+        # A worker's active time is its partitions' time, shared out as their tasks' seconds:
+        # a worker that shares its core with another job spends much of it waiting for the CPU
+        # between tasks, which its tasks' own durations do not show.
         tasks = sum(row[2] for row in rep.busy)
         # Time spent waiting for a CPU (another process on the worker's core) between tasks is
         # time it would have been working, even where it looked idle (a message had come, and
@@ -305,12 +313,24 @@ class BalancePolicy:
         runnable = rep.cpu + rep.cpu_wait
         in_tasks = tasks * rep.cpu_wait / runnable if runnable > 0 else 0.0
         between = max(rep.cpu_wait - in_tasks, 0.0)
-        active = min(max(interval - max(rep.idle - between, 0.0), tasks), interval)
+        if runnable > 0:
+            # Measured waits: its tasks and those waits, and not the rest of its busy time.
+            # That rest is mostly the serial steps' messages (the worker that gathers the
+            # others' results and sends the model out: on 4 and 8 workers of a 16-core machine
+            # it was busy 27-31% of its time outside tasks, the others 11-19%), work no move
+            # takes off it; shared out over its partitions it made them look a third costlier,
+            # and balanced runs moved partitions off it that made the job slower.
+            active = min(tasks + between, interval)
+        else:
+            # Unmeasured (no per-process CPU accounting): every second it was not idle, the
+            # only sign of waits for a CPU there is.
+            active = min(max(interval - rep.idle, tasks), interval)
         if runnable > 0:
             pace = 1.0 - min(between / max(active, 1e-9), 0.9)
             w.pace += self.smoothing * (pace - w.pace)
             w.waiting += self.smoothing * (rep.cpu_wait / runnable - w.waiting)
         scale = active / tasks if tasks > 0 else 0.0
+        w.measured = {row[0] for row in rep.busy if row[2] > 0}
         for g, i, seconds, nbytes in rep.busy:
             key = (g, i)
             held.add(key)
@@ -319,7 +339,12 @@ class BalancePolicy:
             own = min(seconds / interval, 1.0)
             if p.holder != rep.worker:  # new here: its cost there is only now measured
                 p.holder, p.cost, p.task_cost = rep.worker, frac, own
-            else:
+            elif g in w.measured:
+                # (else none of the group's tasks ended here in the interval: the job was
+                # starting, or in a step of other groups' tasks. The report measured nothing of
+                # it, and the pause is no cost: smoothing it in as one would make these
+                # partitions look cheaper than the same partitions on a worker that was busy
+                # with another step then.)
                 p.cost += self.smoothing * (frac - p.cost)
                 p.task_cost += self.smoothing * (own - p.task_cost)
             p.nbytes = nbytes
@@ -392,6 +417,13 @@ class BalancePolicy:
             return self._judge(ctrl)
         del self._paces[:-self.patience]
         spread = self.spread_groups()
+        if any(not (w.measured & spread) and any(k[0] in spread for k in w.partitions)
+               for w in workers):
+            # A worker holds shared work but ran none of it since its last report (the job
+            # starting, compiling a step only one worker runs, or in a serial step): the round
+            # measured no speeds, and the loads are the last ones measured, so it neither
+            # counts as evidence nor moves anything.
+            return []
         speeds = self.speeds()
         loads = self.loads(spread)
         work = {k: p.cost * speeds[p.holder] for k, p in self.parts.items()
