@@ -97,7 +97,8 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    in five), while emptying it caps the job at ``(W - 1 + s) / (W - 1)`` of the
    ideal (``s`` its speed: 1.17x on 4 workers at half speed). If it still loses that much
    after the halving (kept or undone), it is emptied (its serial steps' groups too) when the
-   others can take the rest at a predicted load of at most ``1 - min_gain`` (see
+   others can take the rest at a predicted load of at most ``1 - min_gain``, their busy time
+   outside tasks (messages, which stay where they are) included (see
    :meth:`BalancePolicy._drain`). Once per worker each; an emptied worker takes no partition
    after, unless the pace check undoes the emptying. When the round that cut such a worker's
    share is undone, or its halving where the others could take it all, the quiet rounds are
@@ -201,6 +202,9 @@ class _Worker:
     waiting: float = 0.0  # smoothed fraction of its time on or waiting for a CPU spent waiting
     progress: float = 0.0  # program positions a second over its last report interval
     measured: set[int] = field(default_factory=set)  # groups with tasks in its last report
+    # smoothed fraction of its time busy outside its tasks and its waits for a CPU between
+    # them (messages): no move takes it off, but it fills the worker's time all the same
+    rest: float = 0.0
     seq: int | None = None  # its program position at its last report
     reports: int = 0
     fresh: bool = False  # reported since the last decision
@@ -325,6 +329,8 @@ class BalancePolicy:
             # Unmeasured (no per-process CPU accounting): every second it was not idle, the
             # only sign of waits for a CPU there is.
             active = min(max(interval - rep.idle, tasks), interval)
+        rest = max(interval - rep.idle - active, 0.0) / interval
+        w.rest += self.smoothing * (rest - w.rest)
         if runnable > 0:
             pace = 1.0 - min(between / max(active, 1e-9), 0.9)
             w.pace += self.smoothing * (pace - w.pace)
@@ -522,8 +528,9 @@ class BalancePolicy:
         above ``drain_wait``, once an earlier round of moves has taken part of its share: first
         half of its spread partitions, the heaviest (``_drain_half``); if it still waits that
         much after, all the rest (its serial steps too), when the other workers can take it
-        (their predicted load at most ``1 - min_gain``: the job would run faster on them alone
-        than it runs now), which must each lose ``wait_margin`` less. Such a worker (another
+        (their predicted load, with their busy time outside tasks, at most ``1 - min_gain``:
+        the job would run faster on them alone than it runs now), which must each lose
+        ``wait_margin`` less. Such a worker (another
         process on its core) answers messages late, and waits inside its tasks while its
         bursts of work outlast the kernel's turn, so the others still sit idle after its share
         was cut: every iteration waits for it. Half first, since a small enough share runs at
@@ -538,6 +545,7 @@ class BalancePolicy:
             return []
         src = max(cands, key=lambda w: (self.lost(w), -w))
         lost = self.lost(src)
+        workers = self.workers
         others = [w for w in range(self.n_workers) if w != src and w not in self.drained
                   and self.lost(w) <= lost - self.wait_margin]
         if not others:
@@ -554,13 +562,16 @@ class BalancePolicy:
             after[dst] += work[key] / speeds[dst]
             moves.append((key[0], key[1], dst))
             if n + 1 == len(spread) // 2:
-                half_top = max(after[w] for w in others)
+                half_top = max(after[w] + workers[w].rest for w in others)
         # its serial steps too (a model's weights): every iteration waits for those as well
         for key in sorted(k for k, p in self.parts.items() if p.holder == src and k not in work):
             if ctrl.moving(*key):
                 return []
             moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
-        top = max(after[w] for w in others)
+        # their whole busy time must fit: the loads leave out the rest of it (messages), which
+        # stays where it is (2 workers: taking all, worker 0's tasks alone came to 80% of its
+        # time, and with its messages the job ran 1.7x slower than leaving the competed one be)
+        top = max(after[w] + workers[w].rest for w in others)
         fits = top <= 1 - self.min_gain
         self._drain_half = src not in self._halved and len(spread) >= 2
         self._empty_fits = fits
