@@ -8,14 +8,20 @@ policy's moves are applied once they are "done".
 
 from __future__ import annotations
 
+import gzip
+import json
 import random
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from benchmarks.replay_balance import replay
 from canary.controller.balance import BalancePolicy, ChaosPolicy, ScriptedPolicy
 from canary.messages import LoadReport
+from canary.trace import load_reports
 
 
 @dataclass
@@ -538,6 +544,41 @@ def test_a_pause_in_the_shared_work_is_no_evidence() -> None:
     for _ in range(100):  # the job runs again, evenly
         t += 0.5
         assert job.round(policy, t) == []
+
+
+def real_runs_16c() -> list[dict[str, Any]]:
+    """Load reports of real runs on 4 and 8 workers of a 16-core machine (``about`` in the
+    file says which), per run: ``run`` (the kept trace's name), ``round``, ``workers``."""
+    with gzip.open(Path(__file__).parent / "data" / "load_reports_16c.json.gz", "rt") as f:
+        return list(json.load(f)["runs"])
+
+
+def test_real_balanced_runs_on_4_and_8_workers_would_move_nothing() -> None:
+    # With the policy they ran with, 2 of these 8 moved partitions: on 4 workers off the
+    # gathering worker (undone, the job 7% slower), on 8 (pinned) 4 of them at once.
+    balanced = [r for r in real_runs_16c() if "_equal" in r["run"]]
+    assert len(balanced) == 8 and {r["workers"] for r in balanced} == {4, 8}
+    for run in balanced:
+        reports = load_reports(run["traceEvents"])
+        assert len(reports) > 100 * run["workers"] // 4
+        assert replay(reports, run["workers"]) == [], (run["run"], run["round"])
+
+
+def test_real_runs_with_a_busy_loop_move_the_competed_workers_partitions_first() -> None:
+    # the same machine, a busy loop on the last worker's core; balancing off (the reports of
+    # the job left alone) and on (the moves it made are in the reports that follow them)
+    competing = [r for r in real_runs_16c() if "_competing" in r["run"]]
+    assert len(competing) == 8
+    for run in competing:
+        last = run["workers"] - 1
+        rounds = replay(load_reports(run["traceEvents"]), run["workers"])
+        assert rounds, (run["run"], run["round"])
+        first = rounds[0]
+        assert first["at_s"] < 11.0  # a few seconds in (the job runs about 30)
+        assert first["moves"] and all(m["to"] != last for m in first["moves"])
+        # off the competed worker (once its load is down, another may be the busiest)
+        off = [m for m in first["moves"] if m["why"].startswith(f"worker {last} ")]
+        assert first["moves"][0] in off and 2 * len(off) > len(first["moves"])
 
 
 def test_without_cpu_times_the_lost_time_looks_idle_and_nothing_moves() -> None:
