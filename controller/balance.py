@@ -321,7 +321,7 @@ class BalancePolicy:
             # Measured waits: its tasks and those waits, and not the rest of its busy time.
             # That rest is mostly the serial steps' messages (the worker that gathers the
             # others' results and sends the model out: on 4 and 8 workers of a 16-core machine
-            # it was busy 27-31% of its time outside tasks, the others 11-19%), work no move
+            # it was busy 22-31% of its time outside tasks, the others 11-19%), work no move
             # takes off it; shared out over its partitions it made them look a third costlier,
             # and balanced runs moved partitions off it that made the job slower.
             active = min(tasks + between, interval)

@@ -498,7 +498,7 @@ class GatherRootJob(Job):
 @pytest.mark.parametrize("workers", [2, 4, 8])
 def test_the_gathering_workers_busy_time_outside_tasks_moves_nothing(workers: int) -> None:
     # Seen on 4 and 8 workers of a 16-core machine: the worker that gathers the results was
-    # busy 27-31% of its time outside tasks, the others 11-19%. Shared out over its partitions,
+    # busy 22-31% of its time outside tasks, the others 11-19%. Shared out over its partitions,
     # that time made them look a third costlier, and balanced runs moved partitions off it
     # (once the job got 7% slower and the moves were undone).
     job = GatherRootJob(0, 0.3 * 8, 0.15 * 8, speeds=[1.0] * workers,
