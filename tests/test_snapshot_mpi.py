@@ -184,7 +184,8 @@ def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(
 
 def test_a_disk_that_refuses_the_snapshot_fails_the_snapshot_not_the_job(tmp_path: Path) -> None:
     app = "logistic_regression"
-    longer = [a if a != "1000" else "3000" for a in APPS[app]]  # runs past its first snapshot
+    # runs well past its first snapshot, due 1.5 s in: 3,000 iterations once took 1.26 s
+    longer = [a if a != "1000" else "10000" for a in APPS[app]]
     ref = _reference(app, tmp_path, longer)
     ck = tmp_path / "ck"
     out = tmp_path / OUTPUT[app]
