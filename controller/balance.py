@@ -325,16 +325,15 @@ class BalancePolicy:
             # takes off it; shared out over its partitions it made them look a third costlier,
             # and balanced runs moved partitions off it that made the job slower.
             active = min(tasks + between, interval)
+            pace = 1.0 - min(between / max(active, 1e-9), 0.9)
+            w.pace += self.smoothing * (pace - w.pace)
+            w.waiting += self.smoothing * (rep.cpu_wait / runnable - w.waiting)
         else:
             # Unmeasured (no per-process CPU accounting): every second it was not idle, the
             # only sign of waits for a CPU there is.
             active = min(max(interval - rep.idle, tasks), interval)
         rest = max(interval - rep.idle - active, 0.0) / interval
         w.rest += self.smoothing * (rest - w.rest)
-        if runnable > 0:
-            pace = 1.0 - min(between / max(active, 1e-9), 0.9)
-            w.pace += self.smoothing * (pace - w.pace)
-            w.waiting += self.smoothing * (rep.cpu_wait / runnable - w.waiting)
         scale = active / tasks if tasks > 0 else 0.0
         w.measured = {row[0] for row in rep.busy if row[2] > 0}
         for g, i, seconds, nbytes in rep.busy:
