@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
 import os
 import signal
@@ -56,7 +57,8 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     ``balance`` (default: the environment variable ``CANARY_BALANCE``, ``on`` unless it says
     ``off``; ``canary run --balance``) lets the controller move partitions off workers that
     are markedly slower (:class:`canary.controller.balance.BalancePolicy`).
-    ``CANARY_CHAOS_MIGRATE=SEED`` moves random partitions instead, and
+    ``CANARY_CHAOS_MIGRATE=SEED`` moves random partitions instead (every 100 ms; ``SEED:MS``
+    every MS ms), and
     ``CANARY_SLOWDOWN=WORKER:FACTOR`` makes one worker that many times slower (experiments).
     A worker that shows no progress for ``CANARY_STALL_S`` seconds (default 10) is named on
     stderr; workers report their load every ``CANARY_REPORT_MS`` (default 500). A worker
@@ -140,6 +142,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
             from canary.controller.runtime import run_controller
 
             result = run_controller(program, comm, tracer=tracer, policy=policy, stall_s=stall_s,
+                                    tick_s=tick_seconds(policy),
                                     checkpoint=checkpoint, resume_from=resume_from,
                                     progress_s=progress_s,
                                     own_cores=[has_own_core(w, workers_placed)
@@ -266,10 +269,48 @@ def move_policy(environ: Mapping[str, str], n_workers: int, balance: bool) -> An
     integer."""
     from canary.controller.balance import BalancePolicy, ChaosPolicy
 
-    if environ.get(CHAOS_ENV, "").strip():
-        seed = int(env_number(CHAOS_ENV, 0, integer=True, environ=environ))
-        return ChaosPolicy(seed, every=0.1, moves=2)
+    chaos = chaos_from_env(environ)
+    if chaos is not None:
+        seed, every_s = chaos
+        return ChaosPolicy(seed, every=every_s, moves=2)
     return BalancePolicy(n_workers) if balance else None
+
+
+def tick_seconds(policy: Any, default: float = 0.1) -> float:
+    """Seconds between the controller's ticks for move ``policy``: ``default``, or a chaos
+    policy's shorter period (it draws its moves at ticks, so draws every 10 ms need ticks as
+    often)."""
+    every = getattr(policy, "every", 0.0)
+    return min(default, every) if every > 0 else default
+
+
+#: How often chaos draws moves unless ``CANARY_CHAOS_MIGRATE=SEED:MS`` says otherwise
+CHAOS_EVERY_MS = 100.0
+
+
+def chaos_from_env(environ: Mapping[str, str]) -> tuple[int, float] | None:
+    """``CANARY_CHAOS_MIGRATE=SEED`` or ``SEED:MS`` as ``(seed, seconds between draws)`` (MS
+    defaults to :data:`CHAOS_EVERY_MS`), or None when unset. Raises ValueError naming the
+    variable unless SEED is an integer >= 0 and MS a finite number > 0.
+
+    The draws are paced by the clock, not by the program: a test that must see moves within a
+    job of a fraction of a second on a fast machine asks for draws every few milliseconds."""
+    raw = environ.get(CHAOS_ENV, "").strip()
+    if not raw:
+        return None
+    if ":" not in raw:
+        return int(env_number(CHAOS_ENV, 0, integer=True, environ=environ)), CHAOS_EVERY_MS / 1e3
+    seed_s, _, ms_s = raw.partition(":")
+    try:
+        seed, ms = int(seed_s), float(ms_s)
+    except ValueError:
+        seed, ms = -1, math.nan
+    if seed < 0 or not 0 < ms < math.inf:
+        raise ValueError(f"environment variable {CHAOS_ENV}={raw!r} is not SEED:MS (a seed, an "
+                         "integer >= 0, and the milliseconds between random moves, a finite "
+                         "number above 0, e.g. 11:10): set it so, or to SEED alone "
+                         f"(every {CHAOS_EVERY_MS:g} ms), or unset it")
+    return seed, ms / 1e3
 
 
 # A tag within the range every MPI allows (up to 32767), used once per rank before the Dup.

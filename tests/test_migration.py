@@ -487,14 +487,21 @@ def test_a_move_of_a_partition_or_to_a_worker_that_does_not_exist_is_a_clear_err
 
 
 # ------------------------------------------------------------------ over MPI
+# Chaos draws moves every 10 ms (CHAOS below), not the default 100: the draws follow the clock,
+# and on a fast enough machine a job of a second had drawn too few to move data (logistic
+# regression converged at 1e-10 in 0.5 s on a quiet VM, and chaos every 100 ms moved only the
+# 0-byte accuracy partition; k-means moved 1.3 kB in 1 move). Every 10 ms, these runs move
+# tens of partitions each (74, 14 and 44 on a quiet VM).
+CHAOS = {11: "11:10", 12: "12:10"}
 MPI_APPS = {
-    # all 3,000 iterations (about 1 s here), not converged at 1e-10: on a quiet VM that took 675
-    # iterations, 0.5 s, in which chaos (seed 11) moved only the 0-byte accuracy partition
+    # all 3,000 iterations (about 1 s here), not stopped at a tolerance: the same work on every
+    # machine and on every worker count
     "logistic_regression": ["--reg", "1e-2", "--tol", "1e-300", "--max-iter", "3000",
                             "--partitions", "6"],
     "kmeans": ["--generate", "20000,8,6", "--max-iter", "60", "--partitions", "6"],
     # long enough that chaos moves partitions holding data, not only before the load: at
-    # 4096 vertices it converged in 16 iterations, 0.75 s, and every move came before it
+    # 4096 vertices it converged in 16 iterations, 0.75 s, and every move (then every 100 ms)
+    # came before it
     "pagerank": ["--generate", "16384,262144", "--max-iter", "60", "--tol", "1e-300",
                  "--partitions", "4"],
 }
@@ -530,15 +537,15 @@ def traced_lr_chaos_run(cancer: Path, tmp_path_factory: pytest.TempPathFactory
     without moves and test_a_trace_shows_each_move_on_both_workers reads the trace of."""
     folder = tmp_path_factory.mktemp("traced-chaos")
     trace = folder / "t.json"
-    return (*chaos_run(3, "logistic_regression", "11", cancer, folder, trace), trace)
+    return (*chaos_run(3, "logistic_regression", CHAOS[11], cancer, folder, trace), trace)
 
 
 @pytest.mark.parametrize("app", sorted(MPI_APPS))
 def test_random_moves_over_mpi_give_the_same_answer_on_2_and_3_workers(
         app: str, cancer: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     runs = {}
-    for ranks, chaos in ((3, None), (3, "11"), (4, "12")):
-        if (app, ranks, chaos) == ("logistic_regression", 3, "11"):  # also traced: shared
+    for ranks, chaos in ((3, None), (3, CHAOS[11]), (4, CHAOS[12])):
+        if (app, ranks, chaos) == ("logistic_regression", 3, CHAOS[11]):  # also traced: shared
             r, s, out = request.getfixturevalue("traced_lr_chaos_run")[:3]
         else:
             r, s, out = chaos_run(ranks, app, chaos, cancer, tmp_path)
@@ -561,6 +568,36 @@ def test_the_move_policy_follows_balance_and_chaos_replaces_it() -> None:
     assert isinstance(move_policy({}, 2, balance=True), BalancePolicy)
     for balance in (True, False):  # the experiment hook moves partitions either way
         assert isinstance(move_policy({"CANARY_CHAOS_MIGRATE": "3"}, 2, balance), ChaosPolicy)
+
+
+def test_chaos_draws_every_100_ms_or_as_often_as_asked_and_the_controller_ticks_as_often(
+) -> None:
+    from canary.controller.balance import BalancePolicy
+    from canary.mpi_runner import chaos_from_env, move_policy, tick_seconds
+
+    assert chaos_from_env({}) is None and chaos_from_env({"CANARY_CHAOS_MIGRATE": " "}) is None
+    assert chaos_from_env({"CANARY_CHAOS_MIGRATE": "3"}) == (3, 0.1)
+    assert chaos_from_env({"CANARY_CHAOS_MIGRATE": "11:10"}) == (11, 0.01)
+    assert chaos_from_env({"CANARY_CHAOS_MIGRATE": "0:2.5"}) == (0, 0.0025)
+    fast = move_policy({"CANARY_CHAOS_MIGRATE": "11:10"}, 2, True)
+    assert fast.every == 0.01 and fast.rng.random() == random.Random(11).random()
+    # the policy draws at ticks: ticks as often as its draws, never rarer than 100 ms
+    assert tick_seconds(fast) == 0.01
+    assert tick_seconds(move_policy({"CANARY_CHAOS_MIGRATE": "11:500"}, 2, True)) == 0.1
+    assert tick_seconds(move_policy({"CANARY_CHAOS_MIGRATE": "11"}, 2, True)) == 0.1
+    assert tick_seconds(BalancePolicy(2)) == tick_seconds(None) == 0.1
+
+
+@pytest.mark.parametrize("value", ["often:10", "3:0", "3:-5", "3:inf", "3:nan", "3:", "-1:10",
+                                   "1.5:10", ":10"])
+def test_a_bad_chaos_period_is_named_with_what_it_must_be(value: str) -> None:
+    from canary.mpi_runner import chaos_from_env
+
+    with pytest.raises(ValueError) as err:
+        chaos_from_env({"CANARY_CHAOS_MIGRATE": value})
+    assert f"CANARY_CHAOS_MIGRATE={value!r} is not SEED:MS (a seed, an integer >= 0, and the " \
+           "milliseconds between random moves, a finite number above 0, e.g. 11:10)" \
+           in str(err.value)
 
 
 @pytest.mark.parametrize(("kwargs", "error", "says"), [
