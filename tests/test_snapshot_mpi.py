@@ -41,14 +41,15 @@ def _env(tmp: Path) -> dict[str, str]:
                 PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
 
-def _reference(app: str, tmp_path: Path, args: list[str] | None = None) -> bytes:
-    """The output of an uninterrupted run (one rank: the in-process runner)."""
+def _reference(app: str, tmp_path: Path, args: list[str] | None = None) -> tuple[bytes, float]:
+    """The output of an uninterrupted run (one rank: the in-process runner), and the seconds
+    the job took (its JSON summary's)."""
     out = tmp_path / f"ref-{OUTPUT[app]}"
     r = subprocess.run([sys.executable, *(args or APPS[app]), "--output", str(out)], cwd=ROOT,
                        env=_env(tmp_path / "reftmp"), capture_output=True, text=True,
                        timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
-    return _read(out)
+    return _read(out), float(json.loads(r.stdout.strip().splitlines()[-1])["seconds"])
 
 
 def _read(path: Path) -> bytes:
@@ -102,7 +103,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], byte
 
     def get(app: str) -> bytes:
         if app not in seen:
-            seen[app] = _reference(app, tmp_path_factory.mktemp(f"ref-{app}"))
+            seen[app] = _reference(app, tmp_path_factory.mktemp(f"ref-{app}"))[0]
         return seen[app]
     return get
 
@@ -184,16 +185,21 @@ def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(
 
 def test_a_disk_that_refuses_the_snapshot_fails_the_snapshot_not_the_job(tmp_path: Path) -> None:
     app = "logistic_regression"
-    # runs well past its first snapshot, due 1.5 s in: 3,000 iterations once took 1.26 s
     longer = [a if a != "1000" else "10000" for a in APPS[app]]
-    ref = _reference(app, tmp_path, longer)
+    ref, ref_s = _reference(app, tmp_path, longer)
+    # The job must run past its first snapshot, on a fast machine as on a slow one: it is due a
+    # fifth of the way into the one-rank reference run (5.3 s on a quiet VM, where the job on 2
+    # workers took 3.6 s), at most 1.5 s in and at least 0.4 s (below: the test lays out the
+    # full device once the job's first iteration is out, 0.17 s into the run). A fixed 1.5 s
+    # outlasted 3,000 iterations on a quiet VM, and the job ended with no snapshot to fail.
+    every = min(1.5, max(0.4, ref_s / 5))
     ck = tmp_path / "ck"
     out = tmp_path / OUTPUT[app]
-    proc = _canary_run(["-n", "2", "--checkpoint", str(ck), "--checkpoint-every", "1.5",
+    proc = _canary_run(["-n", "2", "--checkpoint", str(ck), "--checkpoint-every", f"{every:.3f}",
                         *longer, "--output", str(out)], tmp_path, "job")
     # Worker 1's part of the first snapshot goes to a device that is always full (ENOSPC),
     # laid out once the job runs (its first iteration is out: the controller has numbered its
-    # snapshots from 1) and long before the first snapshot is due, 1.5 s into the run.
+    # snapshots from 1) and before the first snapshot is due.
     deadline = time.monotonic() + TIMEOUT
     while "iter " not in (tmp_path / "job.out").read_text():
         assert proc.poll() is None and time.monotonic() < deadline
