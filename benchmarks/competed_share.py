@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if not keeps or any(not 0 <= k <= PPW for k in keeps) or args.rounds < 1:
         ap.error(f"--keep takes counts from 0 to {PPW} (comma-separated), --rounds >= 1")
     data, iters, qdata, qiters = APPS[APP]
-    if args.quick:  # long enough for the controller's first tick (0.1 s)
-        data, iters = qdata, 10 * qiters
+    if args.quick:  # well past the controller's first tick (0.1 s): 0.6 s of iterations here
+        data, iters = qdata, 30 * qiters
     argv_app = [*data, "--partitions", str(WORKERS * PPW)]
     core = worker_core(WORKERS - 1)
     rows: list[dict[str, Any]] = []
