@@ -76,10 +76,8 @@ import numpy as np
 from numba import prange
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run as a script, this file's folder comes first on sys.path and this module would shadow the
-# ``apps`` package: put the repository root first instead.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(ROOT))
+# first the repository root, and not this folder: benchmarks/apps.py would shadow the apps package
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks")]
 
 import apps.kmeans as km_app  # noqa: E402
 import apps.logistic_regression as lr_app  # noqa: E402

@@ -38,8 +38,8 @@ import numba
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first the repository root, and not this folder: benchmarks/apps.py would shadow the apps package
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks")]
 
 import canary  # noqa: E402
 from canary.trace import Tracer, gather_and_write, trace_path  # noqa: E402

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # this checkout's canary, as the other benchmarks use
-    sys.path.insert(0, str(ROOT))
+# first the repository root, and not this folder: benchmarks/apps.py would shadow the apps package
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks")]
 
 from canary.sched.placement import PLACEMENT_POLICIES, make_placement  # noqa: E402
 from canary.sim.cluster import poisson_jobs, simulate_cluster  # noqa: E402

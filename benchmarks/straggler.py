@@ -98,8 +98,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first the repository root, and not this folder: benchmarks/apps.py would shadow the apps package
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks")]
 
 from canary.trace import load_events, load_reports  # noqa: E402
 

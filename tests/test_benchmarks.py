@@ -19,9 +19,10 @@ import pytest
 from tests.conftest import ROOT, shm_left_behind, shm_segments
 
 
-def run_bench(script: str, *args: str, timeout: int = 300) -> list[dict]:
+def run_bench(script: str, *args: str, timeout: int = 300,
+              env: dict[str, str] | None = None) -> list[dict]:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     rows = [json.loads(ln) for ln in lines]  # every stdout line is JSON
@@ -504,8 +505,10 @@ def test_straggler_quick_prints_each_run_and_a_summary(tmp_path: Path) -> None:
 def test_straggler_virtual_prints_a_row_per_worker_count() -> None:
     from benchmarks.straggler import best_split
 
+    # with PYTHONPATH naming the checkout, as a user may set it: the script's own folder came
+    # first on sys.path then, and benchmarks/apps.py hid the apps package it imports
     rows = run_bench("straggler.py", "--quick", "--apps", "", "--virtual", "3",
-                     "--ppw", "2")
+                     "--ppw", "2", env={**os.environ, "PYTHONPATH": str(ROOT)})
     (row,) = rows[:-1]
     assert (row["scenario"], row["workers"], row["ppw"], row["factor"]) == ("virtual", 3, 2, 3.0)
     # unbalanced, each iteration waits for the slow worker's 2 gradients at 3 x 1 ms
