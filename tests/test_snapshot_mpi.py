@@ -62,10 +62,14 @@ def _read(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _canary_run(args: list[str], tmp: Path, log: str) -> subprocess.Popen[bytes]:
+def _canary_run(args: list[str], tmp: Path, log: str,
+                env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``canary run ARGS`` in the background, its output in ``tmp/LOG.out`` and ``.err``, with
+    ``env`` added to the environment."""
     cmd = [sys.executable, "-m", "canary.cli", "run", "--timeout", str(TIMEOUT), *args]
     with open(tmp / f"{log}.out", "wb") as out, open(tmp / f"{log}.err", "wb") as err:
-        return subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp / "tmp"), stdout=out, stderr=err)
+        return subprocess.Popen(cmd, cwd=ROOT, env={**_env(tmp / "tmp"), **(env or {})},
+                                stdout=out, stderr=err)
 
 
 def _wait_for_snapshot(proc: subprocess.Popen[bytes], ck: Path, newer_than: int = 0) -> None:
@@ -138,6 +142,32 @@ def test_killed_ranks_are_restarted_from_the_last_snapshot_with_the_same_answer(
     assert "canary: restarting the job (2 of 2) from snapshot " in err, err
     assert "canary: resumed from snapshot " in err, err  # the attempt that finished says so
     assert _read(out) == ref
+
+
+def test_a_job_whose_partitions_keep_moving_is_restarted_with_the_same_answer(
+        tmp_path: Path, references: Callable[[str], bytes]) -> None:
+    # Random moves every 5 ms (CANARY_CHAOS_MIGRATE) while snapshots are taken every 0.1 s:
+    # partitions are written by whichever worker holds them then, moves wait while a snapshot
+    # is taken, and worker 2 is killed with moves under way. In the relaunch each worker reads
+    # the partitions it now holds from whichever worker's file has them, and moves go on, also
+    # before the values are in; the answer is the unmoved, uninterrupted one.
+    app = "kmeans"
+    ck = tmp_path / "ck"
+    out = tmp_path / OUTPUT[app]
+    proc = _canary_run(["-n", "3", "--checkpoint", str(ck), "--checkpoint-every", "0.1",
+                        "--restarts", "1", *APPS[app], "--output", str(out)], tmp_path, "job",
+                       env={"CANARY_CHAOS_MIGRATE": "7:5"})
+    _wait_for_snapshot(proc, ck)
+    os.kill(_pid_of(tmp_path, 3), signal.SIGKILL)
+    assert proc.wait(timeout=TIMEOUT + 60) == 0, (tmp_path / "job.err").read_text()
+    err = (tmp_path / "job.err").read_text()
+    before, restarted, after = err.partition("canary: restarting the job (1 of 1) from snapshot ")
+    assert restarted, err
+    assert "rank 3 (worker 2" in before and "killed by SIGKILL" in before, err
+    assert before.count("canary: moved partition") > 0 and after.count("canary: moved partition") > 0
+    summary = json.loads((tmp_path / "job.out").read_text().strip().splitlines()[-1])
+    assert summary["migrations"] > 0 and summary["resumed_from"] is not None
+    assert _read(out) == references(app)
 
 
 def test_a_job_stopped_on_two_workers_resumes_on_one_two_and_three(
