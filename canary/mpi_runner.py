@@ -121,6 +121,10 @@ def run(program: Program, comm: object | None = None, window: int = 64,
     config, startup_timeout, stall_s, progress_s, loop_only, policy, checkpoint = settings
     # every rank alike: an error ends each the same way
     resume_from = resume_snapshot(program, size - 1)
+    # Every abort below is of ``given`` (COMM_WORLD unless the driver passed another), never of
+    # the engine's copy: aborted on a copy of COMM_WORLD, a rank that hydra then killed made
+    # mpiexec report "EXIT CODE: 9" and end with status 9, not the abort's (1, or 130 for a
+    # Ctrl-C: 6 of 60 interrupted jobs; 5 of 10 when rank 0 alone aborted a copy).
     comm = given
     joined = False
     job = next(_JOBS)
@@ -179,7 +183,7 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         # finalized MPI, and the job ended (in MPI's view) with rank 0.
         if rank != 0 and not joined:
             raise SystemExit(1) from None
-        abort_job(comm, 1, linger=1.0 if rank == 0 else 5.0)
+        abort_job(given, 1, linger=1.0 if rank == 0 else 5.0)
     except KeyboardInterrupt:
         # Ctrl-C to a plain mpiexec reaches every rank (canary run stops its job with SIGTERM
         # instead): one line each, not a traceback of canary's idle loop each. 130: SIGINT's.
@@ -188,11 +192,11 @@ def run(program: Program, comm: object | None = None, window: int = 64,
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(f"canary: rank {rank} interrupted (SIGINT); the job stops", file=sys.stderr,
               flush=True)
-        abort_job(comm, 130, linger=0.2)
+        abort_job(given, 130, linger=0.2)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort every rank
         print(f"canary: rank {rank} failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
-        abort_job(comm, 1, linger=1.0)
+        abort_job(given, 1, linger=1.0)
     return None  # pragma: no cover - Abort does not return
 
 
