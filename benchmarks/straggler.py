@@ -27,7 +27,8 @@ equal_pinned) run's time ``t`` and the off run's ``t_off`` (the slow worker's ``
 partitions bound it, so it is ``f = t_off / t`` times slower), ``ideal = W t / (W - 1 + 1 /
 f)`` for ``W`` workers. Balancing
 has **settled** at the first iteration after which the median of every window of 25 iterations
-stays within 1.15x of the ideal; ``steady_ms`` is the median of the run's last 40%, and
+stays within 1.15x of the ideal (``settled_mean_s``: the mean of every window within 1.15x of
+the ideal from the means); ``steady_ms`` is the median of the run's last 40%, and
 ``mean_ms`` its mean, with ``over_ideal_mean`` the same ratio from the means (a busy process on
 a worker's core slows one iteration in a few by a whole turn of the busy process, which the
 median leaves out as it leaves out noise).
@@ -94,6 +95,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -276,12 +278,14 @@ def steady_mean(times: list[float]) -> float:
     return statistics.fmean(times[int(len(times) * 0.6):] or times)
 
 
-def settled_at(times: list[float], at: list[float], ideal: float) -> float | None:
-    """Seconds into the run after which every window's median is within TARGET of ideal."""
+def settled_at(times: list[float], at: list[float], ideal: float,
+               stat: Callable[[list[float]], float] = statistics.median) -> float | None:
+    """Seconds into the run after which every window's ``stat`` (median, or mean beside a busy
+    process: see :func:`steady_mean`) is within TARGET of ideal."""
     w = SETTLE_WINDOW
     ok_from = None
     for k in range(0, max(len(times) - w, 0) + 1):
-        good = statistics.median(times[k:k + w]) <= TARGET * ideal
+        good = stat(times[k:k + w]) <= TARGET * ideal
         if good and ok_from is None:
             ok_from = k
         elif not good:
@@ -405,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 1.0))
             for balance, r in got.items():
                 settle = settled_at(r["iteration_ms"], r["at_s"], ideal) if balance else None
+                settle_mean = (settled_at(r["iteration_ms"], r["at_s"], ideal_mean,
+                                          statistics.fmean) if balance else None)
                 row = {"app": app, "scenario": scenario, "balance": balance,
                        "steady_ms": steady(r["iteration_ms"]), "ideal_ms": round(ideal, 4),
                        "slow_worker_factor": round(f, 3),
@@ -412,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
                        "mean_ms": round(steady_mean(r["iteration_ms"]), 4),
                        "over_ideal_mean": round(steady_mean(r["iteration_ms"]) / ideal_mean, 3),
                        "settled_s": None if settle is None else round(settle, 3),
+                       "settled_mean_s": None if settle_mean is None else round(settle_mean, 3),
                        "migrations": r["migrations"], "bytes_migrated": r["bytes_migrated"]}
                 rows.append(emit(row, r))
                 if balance:
@@ -419,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                     summary.setdefault("over_ideal_mean", {})[f"{app}/{scenario}"] = \
                         row["over_ideal_mean"]
                     summary.setdefault("settled_s", {})[f"{app}/{scenario}"] = row["settled_s"]
+                    summary.setdefault("settled_mean_s", {})[f"{app}/{scenario}"] = \
+                        row["settled_mean_s"]
                     summary.setdefault("bytes_migrated", {})[f"{app}/{scenario}"] = \
                         row["bytes_migrated"]
             summary.setdefault("off_over_on", {})[f"{app}/{scenario}"] = round(

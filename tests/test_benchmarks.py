@@ -500,6 +500,24 @@ def test_straggler_quick_prints_each_run_and_a_summary(tmp_path: Path) -> None:
     assert set(summary["over_ideal"]) == {"logistic_regression/competing"}
     assert summary["over_ideal_mean"] == {"logistic_regression/competing":
                                           runs[3]["over_ideal_mean"]}
+    assert summary["settled_mean_s"] == {"logistic_regression/competing":
+                                         runs[3]["settled_mean_s"]}
+    assert runs[2]["settled_mean_s"] is None  # an off run does not settle
+
+
+def test_straggler_settles_by_the_mean_where_a_busy_process_slows_one_iteration_in_a_few() -> None:
+    from benchmarks.straggler import SETTLE_WINDOW, TARGET, settled_at
+
+    # 2 ms iterations with every fourth a 4 ms turn late until iteration 100: every window's
+    # median is 2 ms, within TARGET of a 2.5 ms ideal from the start; a window's mean (2.96 ms
+    # with 6 late ones, 2.8 with 5) is within it from the first window with at most 5 late
+    # ones on (k = 80: 83, 87, ..., 99)
+    times = [6.0 if k % 4 == 3 and k < 100 else 2.0 for k in range(300)]
+    at = [0.01 * k for k in range(300)]
+    assert SETTLE_WINDOW == 25 and 2.8 <= TARGET * 2.5 < 2.96
+    assert settled_at(times, at, 2.5) == at[0]
+    assert settled_at(times, at, 2.5, statistics.fmean) == at[80]
+    assert settled_at(times[:100], at[:100], 2.5, statistics.fmean) is None
 
 
 def test_straggler_virtual_prints_a_row_per_worker_count() -> None:
