@@ -103,6 +103,13 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    after, unless the pace check undoes the emptying. When the round that cut such a worker's
    share is undone, or its halving where the others could take it all, the quiet rounds are
    skipped (once each): the emptying is the remedy left.
+8. Halving rounds the share down, and the share that serves best beside another process
+   depends on how long that process's turns are, which no report shows (2 workers beside a
+   busy loop: keeping 4 of 8 beat keeping 3 in quiet hours, and lost to it by 9-10% in busier
+   ones). So when a halving is kept and no emptying may follow, one of the partitions it moved
+   goes back at once, on trial (from the busiest worker that took one), once per worker: the
+   pace check keeps it only if the job got faster than with the halving, and otherwise moves
+   it back, holds the worker twice as long, and goes on without quiet rounds.
 """
 
 from __future__ import annotations
@@ -291,6 +298,8 @@ class BalancePolicy:
         # snapshots had started then, until judged
         self._trial: tuple[list[tuple[int, int, int, int]], float, int] | None = None
         self._trial_drain: int | None = None  # the worker the last round emptied or halved
+        self._trial_probe = False  # the last round gave a halved worker one partition back
+        self._probed: set[int] = set()  # halved workers given one back (once each)
         self._undos = 0
         self.decisions: list[str] = []  # why each move was made, for the progress line
 
@@ -604,11 +613,16 @@ class BalancePolicy:
         moved, before, snapshots = self._trial
         after = statistics.fmean(self._paces)
         drained, self._trial_drain = self._trial_drain, None
+        probe, self._trial_probe = self._trial_probe, False
         self._trial = None
         self._paces = []
         if getattr(ctrl, "snapshots_started", 0) != snapshots:
             return []
+        if probe:
+            return self._judge_probe(moved, before, after, ctrl)
         if before <= 0 or after >= (1 - self.undo_margin) * before:
+            if drained is not None and drained not in self.drained:
+                return self._probe(drained, moved, after, ctrl)
             return []
         if drained is not None:
             self.drained.discard(drained)
@@ -641,6 +655,56 @@ class BalancePolicy:
         else:
             self._undos += 1
             self._wait_rounds = self.settle + self.quiet_rounds * 2 ** (self._undos - 1)
+        self._forget_evidence()
+        return back
+
+    def _probe(self, worker: int, moved: list[tuple[int, int, int, int]], pace: float,
+               ctrl: Any) -> list[tuple[int, int, int, str]]:
+        """After ``worker``'s halving was kept (its pace ``pace``): one of the partitions it
+        moved goes back to it, on trial, once per worker (from the busiest worker that took
+        one, whose load the job waits for; among equals the last moved, the lightest), unless emptying it may follow (it still loses more than ``drain_wait`` and the
+        others could take all of its share). Halving rounds a share down, and the share that
+        serves best beside another process depends on how long that process's turns are, which
+        no report shows: on 2 workers beside a busy loop keeping 4 of 8 beat keeping 3 in the
+        quiet hours and lost to it by 9-10% in busier ones (``benchmarks/competed_share.py``).
+        The pace decides (:meth:`_judge_probe`)."""
+        if worker in self._probed or (self._empty_fits and self.lost(worker) > self.drain_wait):
+            return []
+        loads = self.loads(self.spread_groups())
+        cands = [(loads[dst], n, g, i, dst) for n, (g, i, src, dst) in enumerate(moved)
+                 if src == worker and self.parts[(g, i)].holder == dst and not ctrl.moving(g, i)]
+        if not cands:
+            return []
+        _, _, g, i, dst = max(cands)  # off the busiest (the job waits for it), the lightest
+        self._probed.add(worker)
+        self._trial = ([(g, i, dst, worker)], pace, getattr(ctrl, "snapshots_started", 0))
+        self._trial_probe = True
+        self._wait_rounds = self.settle
+        self.parts[(g, i)].came_from = dst
+        return [(g, i, worker, f"half of worker {worker}'s share moved and the job kept its pace "
+                               f"or got faster: trying partition {i} back on it (a share that "
+                               f"runs within the other process's turns may take one more; kept "
+                               f"only if the job gets faster)")]
+
+    def _judge_probe(self, moved: list[tuple[int, int, int, int]], before: float, after: float,
+                     ctrl: Any) -> list[tuple[int, int, int, str]]:
+        """The partition :meth:`_probe` gave back stays only if the job got faster; else it goes
+        back, and the halved worker is held again (twice as long: see step 5). Either way the
+        policy goes on from there with no quiet rounds: the trial was its own, not a plan the
+        model got wrong."""
+        if before > 0 and after > before:
+            return []
+        back = []
+        for g, i, src, dst in moved:
+            self._hold_for[dst] = 2 * self._hold_for.get(dst, self.hold_rounds)
+            self._hold(dst)
+            if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
+                self.parts[(g, i)].came_from = dst
+                back.append((g, i, src, f"partition {i} back on worker {dst} made the job "
+                                        f"{max(1 - after / before, 0):.0%} slower, not faster: "
+                                        f"moving it back to worker {src}" if before > 0 else
+                                        f"moving partition {i} back to worker {src}"))
+        self._wait_rounds = self.settle
         self._forget_evidence()
         return back
 

@@ -798,11 +798,35 @@ def test_a_lagging_worker_the_others_cannot_empty_is_left_half_its_share() -> No
     assert halves and "the others cannot take all of its share" in halves[0]
     assert held[-1] == 4 and not job.lagging() and policy.drained == set()
     assert job.period() == 12.0  # worker 0's 12 partitions, and no lag (14 before)
-    # kept (the pace check found the job faster), and held: nothing back for 40 rounds of
-    # reports; the trials after the hold are undone
+    # kept (the pace check found the job faster); one partition back on trial, which brings
+    # the lag back and goes back; then held: nothing back for 80 rounds of reports (twice the
+    # 40, for the trial undone); the trials after the hold are undone
     first = held.index(4)
-    assert all(h == 4 for h in held[first:first + 40])
-    assert sum(1 for a, b in zip(held[first:], held[first + 1:]) if b > a) <= 2
+    assert held[first:first + 10] == [4] * 5 + [5] * 5
+    assert held[first + 10:first + 90] == [4] * 80
+    assert sum(1 for a, b in zip(held[first:], held[first + 1:]) if b > a) == 2
+    assert len([why for why in said if "trying partition" in why]) == 1
+    assert any(why.startswith("partition ") and " back on worker 1 made the job 2" in why
+               and why.endswith("slower, not faster: moving it back to worker 0") for why in said)
+
+
+def test_a_halved_worker_is_given_one_partition_back_and_keeps_it_if_the_job_gets_faster() -> None:
+    # The lag goes at 5 partitions, and the halving keeps 4: one more runs within the other
+    # process's turns as well, and takes one off worker 0, which every iteration waits for
+    job = SharedLagJob(6.0, 5.0, speeds=[1.0, 1.0], parts=uniform(2, 8))
+    policy = BalancePolicy(2)
+    said: list[str] = []
+    held: list[int] = []
+    for r in range(80):
+        said += [why for *_, why in job.round(policy, r * 0.5)]
+        held.append(sum(w == 1 for w in job.ctrl.owners.values()))
+    first = held.index(4)
+    assert held[first:first + 5] == [4] * 5 and set(held[first + 5:]) == {5}
+    assert job.period() == 11.0 and not job.lagging()  # 12 with the halving alone
+    probes = [why for why in said if "trying partition" in why]
+    assert len(probes) == 1 and probes[0].startswith("half of worker 1's share moved and the "
+                                                     "job kept its pace or got faster")
+    assert not any("back on worker 1 made the job" in why for why in said)
 
 
 class SmallShareJob(CompetedJob):
