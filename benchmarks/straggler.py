@@ -75,7 +75,7 @@ Prints JSON lines (one per run, then a summary) and, with ``--plot DIR``, draws
 ``--keep-traces DIR`` keeps each run's trace (``APP_SCENARIO[_on|_off]_wW.json``): its load
 reports can be replayed through a changed policy offline (``benchmarks/replay_balance.py``).
 
-    python benchmarks/straggler.py --plot docs/img/performance          # ~5 min
+    python benchmarks/straggler.py --plot docs/img/performance          # ~7 min
     python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~5 min
     python benchmarks/straggler.py --apps "" --micro --micro-rounds 3   # ~15 min
     python benchmarks/straggler.py --apps "" --virtual 3,8,16            # ~15 s
@@ -107,9 +107,11 @@ from canary.trace import load_events, load_reports  # noqa: E402
 
 # app -> (generated data, iterations) at full size and with --quick. The runs last 10 s or
 # more, so that the steady state (the last 40%) comes well after balancing settled (it acts
-# after about 2 s of load reports); k-means on this input needs 536 iterations to converge.
+# after about 2 s of load reports); logistic regression's about 25 s, since beside a busy loop
+# the policy's trials end about 12 s in (moves by speed, the halving, one partition back, each
+# judged on its own pace); k-means on this input needs 536 iterations to converge.
 APPS = {
-    "logistic_regression": (["--generate", "200000,20", "--tol", "1e-30"], 5000,
+    "logistic_regression": (["--generate", "200000,20", "--tol", "1e-30"], 8000,
                             ["--generate", "4000,4", "--tol", "1e-30"], 60),
     "kmeans": (["--generate", "300000,20,8", "--k", "32", "--tol", "0"], 600,
                ["--generate", "4000,4,4", "--tol", "0"], 40),
