@@ -662,8 +662,9 @@ class BalancePolicy:
                ctrl: Any) -> list[tuple[int, int, int, str]]:
         """After ``worker``'s halving was kept (its pace ``pace``): one of the partitions it
         moved goes back to it, on trial, once per worker (from the busiest worker that took
-        one, whose load the job waits for; among equals the last moved, the lightest), unless emptying it may follow (it still loses more than ``drain_wait`` and the
-        others could take all of its share). Halving rounds a share down, and the share that
+        one, whose load the job waits for; among equals the last moved, the lightest), unless
+        emptying it may follow (it still loses more than ``drain_wait`` and the others could
+        take all of its share). Halving rounds a share down, and the share that
         serves best beside another process depends on how long that process's turns are, which
         no report shows: on 2 workers beside a busy loop keeping 4 of 8 beat keeping 3 in the
         quiet hours and lost to it by 9-10% in busier ones (``benchmarks/competed_share.py``).
