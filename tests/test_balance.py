@@ -784,16 +784,25 @@ class SharedLagJob(LaggingJob):
         return self.lag if w == self.victim and self.lagging() else 0.0
 
 
-def test_a_lagging_worker_the_others_cannot_empty_is_left_half_its_share() -> None:
-    # Two workers: worker 0 alone would take longer than worker 1's lag costs, so emptying
-    # does not fit; half of worker 1's share does, and pays here (its lag goes at 4 partitions)
-    job = SharedLagJob(6.0, 4.0, speeds=[1.0, 1.0], parts=uniform(2, 8))
+def shared_lag_run(free: float, rounds: int
+                   ) -> tuple[SharedLagJob, BalancePolicy, list[str], list[int]]:
+    """Two workers, 8 partitions each, worker 1 lagging 6 a round while it holds more than
+    ``free``: ``rounds`` rounds of reports under the policy, with every move's reason and the
+    partitions worker 1 held after each round."""
+    job = SharedLagJob(6.0, free, speeds=[1.0, 1.0], parts=uniform(2, 8))
     policy = BalancePolicy(2)
     said: list[str] = []
     held: list[int] = []
-    for r in range(150):
+    for r in range(rounds):
         said += [why for *_, why in job.round(policy, r * 0.5)]
         held.append(sum(w == 1 for w in job.ctrl.owners.values()))
+    return job, policy, said, held
+
+
+def test_a_lagging_worker_the_others_cannot_empty_is_left_half_its_share() -> None:
+    # Two workers: worker 0 alone would take longer than worker 1's lag costs, so emptying
+    # does not fit; half of worker 1's share does, and pays here (its lag goes at 4 partitions)
+    job, policy, said, held = shared_lag_run(free=4.0, rounds=150)
     halves = [why for why in said if "moving half of it" in why]
     assert halves and "the others cannot take all of its share" in halves[0]
     assert held[-1] == 4 and not job.lagging() and policy.drained == set()
@@ -813,13 +822,7 @@ def test_a_lagging_worker_the_others_cannot_empty_is_left_half_its_share() -> No
 def test_a_halved_worker_is_given_one_partition_back_and_keeps_it_if_the_job_gets_faster() -> None:
     # The lag goes at 5 partitions, and the halving keeps 4: one more runs within the other
     # process's turns as well, and takes one off worker 0, which every iteration waits for
-    job = SharedLagJob(6.0, 5.0, speeds=[1.0, 1.0], parts=uniform(2, 8))
-    policy = BalancePolicy(2)
-    said: list[str] = []
-    held: list[int] = []
-    for r in range(80):
-        said += [why for *_, why in job.round(policy, r * 0.5)]
-        held.append(sum(w == 1 for w in job.ctrl.owners.values()))
+    job, _, said, held = shared_lag_run(free=5.0, rounds=80)
     first = held.index(4)
     assert held[first:first + 5] == [4] * 5 and set(held[first + 5:]) == {5}
     assert job.period() == 11.0 and not job.lagging()  # 12 with the halving alone
