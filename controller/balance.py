@@ -117,6 +117,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -631,16 +632,10 @@ class BalancePolicy:
         # the smaller share overstated it (another process on its core); twice as long a hold.
         for src in {src for _, _, src, _ in moved}:
             self._held.pop(src, None)
-        for dst in {dst for _, _, _, dst in moved} & set(self._hold_for):
-            self._hold_for[dst] *= 2
-            self._hold(dst)
-        back = []
-        for g, i, src, dst in moved:
-            if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
-                self.parts[(g, i)].came_from = dst
-                back.append((g, i, src, f"the last moves made the job {1 - after / before:.0%} "
-                                        f"slower, not faster: moving partition {i} back to worker "
-                                        f"{src}"))
+        self._hold_longer({dst for _, _, _, dst in moved})
+        back = self._move_back(moved, ctrl, lambda i, src, dst: (
+            f"the last moves made the job {1 - after / before:.0%} slower, not faster: moving "
+            f"partition {i} back to worker {src}"))
         # Cutting the share of a worker that waits for its CPU did not pay: the remedy left is
         # emptying it (see _drain), which need not wait out the quiet rounds, once per worker,
         # and once more after its halving if the others could take it all.
@@ -656,6 +651,25 @@ class BalancePolicy:
             self._undos += 1
             self._wait_rounds = self.settle + self.quiet_rounds * 2 ** (self._undos - 1)
         self._forget_evidence()
+        return back
+
+    def _hold_longer(self, workers: set[int]) -> None:
+        """Each of ``workers`` that was held for being slower (or halved) is held again, twice
+        as long as last time: partitions given back to it made the job slower."""
+        for w in workers & set(self._hold_for):
+            self._hold_for[w] *= 2
+            self._hold(w)
+
+    def _move_back(self, moved: list[tuple[int, int, int, int]], ctrl: Any,
+                   why: Callable[[int, int, int], str]) -> list[tuple[int, int, int, str]]:
+        """The moves that take each of ``moved`` ``(group, index, from, to)`` still on ``to``
+        and not moving back to ``from`` (``why(index, from, to)`` their reason), marked not to
+        return to ``to``."""
+        back = []
+        for g, i, src, dst in moved:
+            if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
+                self.parts[(g, i)].came_from = dst
+                back.append((g, i, src, why(i, src, dst)))
         return back
 
     def _probe(self, worker: int, moved: list[tuple[int, int, int, int]], pace: float,
@@ -695,16 +709,12 @@ class BalancePolicy:
         model got wrong."""
         if before > 0 and after > before:
             return []
-        back = []
-        for g, i, src, dst in moved:
-            self._hold_for[dst] = 2 * self._hold_for.get(dst, self.hold_rounds)
-            self._hold(dst)
-            if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
-                self.parts[(g, i)].came_from = dst
-                back.append((g, i, src, f"partition {i} back on worker {dst} made the job "
-                                        f"{max(1 - after / before, 0):.0%} slower, not faster: "
-                                        f"moving it back to worker {src}" if before > 0 else
-                                        f"moving partition {i} back to worker {src}"))
+        # (the halved worker has a hold to double: the halving held it)
+        self._hold_longer({dst for _, _, _, dst in moved})
+        back = self._move_back(moved, ctrl, lambda i, src, dst: (
+            f"partition {i} back on worker {dst} made the job {max(1 - after / before, 0):.0%} "
+            f"slower, not faster: moving it back to worker {src}" if before > 0 else
+            f"moving partition {i} back to worker {src}"))
         self._wait_rounds = self.settle
         self._forget_evidence()
         return back
