@@ -82,6 +82,13 @@ _MPIEXEC_NOISE = re.compile(  # hydra's termination banner and Ctrl-C notices
     rb"|\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes as requested"
     rb"|Press Ctrl-C again to force abort)")
 _PROXY = re.compile(rb"\[proxy:[^\]]*\] ")  # a hydra proxy's own complaint
+# mpiexec's trace of a process that ended badly, one line per function it unwinds
+# ("[mpiexec@vm] HYDT_bscu_wait_for_completion (.../bscu_wait.c:109): one of the processes
+# terminated badly; aborting", then "launcher returned error waiting for completion" twice and
+# main's "process manager error waiting for completion"): the echo of a kill when the time
+# limit stopped the job
+_WAIT_TRACE = re.compile(rb"\[mpiexec@[^\]]*\] \w+ \([^)]*\): (one of the processes "
+                         rb"terminated badly; aborting|.*error waiting for completion)")
 # hydra's banner for a process that ended badly (under canary: a sentinel; which one, see
 # killed_sentinel)
 _BAD_PID = re.compile(rb"=   PID (\d+) RUNNING AT (\S+)")
@@ -254,7 +261,9 @@ class OutputFilter:
         # the first in rank order of those its host's process manager saw killed, not the first
         # to end (see killed_sentinel)
         self.bad_end: tuple[int, str, int | None] | None = None
-        self._proxy_lines: list[tuple[int, bytes]] = []
+        # hydra's complaints as its processes are killed (its proxies', mpiexec's trace of one
+        # that ended badly): held to the end (see finish)
+        self._complaints: list[tuple[int, bytes]] = []
         self._raw = {STDOUT: b"", STDERR: b""}
         self._owner: dict[int, int | None] = {STDOUT: None, STDERR: None}
         self._partial: dict[tuple[int, int | None], tuple[bytes, float]] = {}
@@ -307,9 +316,10 @@ class OutputFilter:
     def finish(self, stopped: bool = False) -> None:
         """The output has ended: unfinished lines count as lines; everything held is released.
 
-        Hydra's proxies may complain as they are killed (``assert (!closed) failed``): their
-        lines are held to the end and dropped if the job was ``stopped`` by the launcher or
-        ran out of time, since canary then says what happened.
+        Hydra's proxies may complain as they are killed (``assert (!closed) failed``), and
+        mpiexec traces a process that ended badly (``one of the processes terminated badly;
+        aborting``): their lines are held to the end and dropped if the job was ``stopped`` by
+        the launcher or ran out of time, since canary then says what happened.
         """
         for stream in (STDOUT, STDERR):
             rest, self._raw[stream] = self._raw[stream], b""
@@ -322,8 +332,8 @@ class OutputFilter:
         for key in sorted(self._held):
             self._release_held(*key)
         if not (stopped or self.timed_out is not None):
-            self._out.extend(self._proxy_lines)
-        self._proxy_lines.clear()
+            self._out.extend(self._complaints)
+        self._complaints.clear()
 
     # -- internals --------------------------------------------------------------------------
 
@@ -397,8 +407,8 @@ class OutputFilter:
             self.bad_end = (*self.bad_end[:2], int(code.group(1)))
         if _MPIEXEC_NOISE.fullmatch(text):
             return
-        if _PROXY.match(text):
-            self._proxy_lines.append((stream, line))
+        if _PROXY.match(text) or _WAIT_TRACE.fullmatch(text):
+            self._complaints.append((stream, line))
             return
         self._out.append((stream, line))
 

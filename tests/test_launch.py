@@ -147,6 +147,34 @@ def test_mpiexec_own_messages_pass_unless_canary_says_them() -> None:
     assert written(g) == [dying]  # ... but when nothing stopped the job, it may be news
 
 
+# mpiexec's trace as the time limit's kill ended a rank badly (a fresh-clone CI run printed it
+# before canary's one line, in one run of many)
+WAIT_TRACE = [
+    "[mpiexec@vm] HYDT_bscu_wait_for_completion (/mpich-5.0.2/src/pm/hydra/lib/tools/bootstrap/"
+    "utils/bscu_wait.c:109): one of the processes terminated badly; aborting\n",
+    "[mpiexec@vm] HYDT_bsci_wait_for_completion (/mpich-5.0.2/src/pm/hydra/lib/tools/bootstrap/"
+    "src/bsci_wait.c:21): launcher returned error waiting for completion\n",
+    "[mpiexec@vm] HYD_pmci_wait_for_completion (/mpich-5.0.2/src/pm/hydra/mpiexec/"
+    "pmiserv_pmci.c:172): launcher returned error waiting for completion\n",
+    "[mpiexec@vm] main (/mpich-5.0.2/src/pm/hydra/mpiexec/mpiexec.c:270): process manager "
+    "error waiting for completion\n"]
+
+
+@pytest.mark.parametrize("timed_out_first", [True, False])
+def test_mpiexecs_trace_of_a_killed_rank_is_dropped_when_the_time_limit_stopped_the_job(
+        timed_out_first: bool) -> None:
+    timeout = b"[mpiexec@vm] APPLICATION TIMED OUT, TIMEOUT = 5s\n"
+    trace = "".join(WAIT_TRACE).encode()
+    f = OutputFilter(ranks=2)
+    f.feed(STDERR, timeout + trace if timed_out_first else trace + timeout, now=0.0)
+    f.finish()
+    assert written(f) == [] and f.timed_out == 5
+    g = OutputFilter(ranks=2)  # a rank that ended badly by itself: the trace is shown, at the end
+    g.feed(STDERR, tag(1, "last line\n") + trace, now=0.0)
+    g.finish()
+    assert written(g) == ["last line\n", *WAIT_TRACE]
+
+
 # -- the verdict ----------------------------------------------------------------------------
 
 
