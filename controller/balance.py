@@ -109,7 +109,14 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    ones). So when a halving is kept and no emptying may follow, one of the partitions it moved
    goes back at once, on trial (from the busiest worker that took one), once per worker: the
    pace check keeps it only if the job got faster than with the halving, and otherwise moves
-   it back, holds the worker twice as long, and goes on without quiet rounds.
+   it back, holds the worker twice as long, and goes on without quiet rounds. When a halving
+   is undone and no emptying may follow, one of the partitions it moved stays off on trial
+   instead (the one on the least loaded worker that took one), once per worker: the share
+   before the halving came from the round of moves by speed, and a worker sharing its core
+   runs slower than its reports show (2 workers beside a busy loop: k-means ran 4-5% faster
+   with 5 of 8 than with the 6 that round left, 9% slower with the halving's 3). The pace
+   check keeps it only if the job got faster than before the halving, and otherwise moves it
+   back; the undo's quiet rounds follow either way.
 """
 
 from __future__ import annotations
@@ -299,8 +306,13 @@ class BalancePolicy:
         # snapshots had started then, until judged
         self._trial: tuple[list[tuple[int, int, int, int]], float, int] | None = None
         self._trial_drain: int | None = None  # the worker the last round emptied or halved
-        self._trial_probe = False  # the last round gave a halved worker one partition back
-        self._probed: set[int] = set()  # halved workers given one back (once each)
+        # the last round was a trial of a halved worker's share: +1 one partition back on it
+        # after its halving was kept, -1 one fewer than before its halving, which was undone
+        self._trial_probe = 0
+        self._probed: set[int] = set()  # halved workers whose share was tried (once each)
+        # the undone halving a -1 trial followed ((group, index, from, to) moves, the worker):
+        # its sequel (_after_undo) waits for the trial's
+        self._undone: tuple[list[tuple[int, int, int, int]], int] | None = None
         self._undos = 0
         self.decisions: list[str] = []  # why each move was made, for the progress line
 
@@ -609,22 +621,27 @@ class BalancePolicy:
     def _judge(self, ctrl: Any) -> list[tuple[int, int, int, str]]:
         """The last round of moves, ``patience`` fresh rounds after it settled: the moves back
         if the job got slower by more than ``undo_margin``, else none. A snapshot taken since
-        the moves (the workers stood still while writing it) voids the comparison."""
+        the moves (the workers stood still while writing it) voids the comparison. An undone
+        halving may leave one of its moves on trial (:meth:`_probe_fewer`)."""
         assert self._trial is not None
         moved, before, snapshots = self._trial
         after = statistics.fmean(self._paces)
         drained, self._trial_drain = self._trial_drain, None
-        probe, self._trial_probe = self._trial_probe, False
+        probe, self._trial_probe = self._trial_probe, 0
         self._trial = None
         self._paces = []
         if getattr(ctrl, "snapshots_started", 0) != snapshots:
+            if self._undone is not None:
+                self._after_undo(*self._undone)
+                self._undone = None
             return []
         if probe:
-            return self._judge_probe(moved, before, after, ctrl)
+            return self._judge_probe(probe, moved, before, after, ctrl)
         if before <= 0 or after >= (1 - self.undo_margin) * before:
             if drained is not None and drained not in self.drained:
                 return self._probe(drained, moved, after, ctrl)
             return []
+        halved = drained if drained is not None and drained not in self.drained else None
         if drained is not None:
             self.drained.discard(drained)
         # A relief undone gives the worker its partitions back: nothing to hold. Partitions
@@ -633,9 +650,17 @@ class BalancePolicy:
         for src in {src for _, _, src, _ in moved}:
             self._held.pop(src, None)
         self._hold_longer({dst for _, _, _, dst in moved})
-        back = self._move_back(moved, ctrl, lambda i, src, dst: (
+        stays = self._probe_fewer(halved, moved, before, ctrl) if halved is not None else None
+        back = self._move_back([m for m in moved if m != stays], ctrl, lambda i, src, dst: (
             f"the last moves made the job {1 - after / before:.0%} slower, not faster: moving "
             f"partition {i} back to worker {src}"))
+        if stays is None:
+            self._after_undo(moved, drained)
+        return back
+
+    def _after_undo(self, moved: list[tuple[int, int, int, int]], drained: int | None) -> None:
+        """What follows a round of ``moved`` undone (``drained``: the worker it emptied or
+        halved): no move for the quiet rounds, unless emptying a worker may be the remedy left."""
         # Cutting the share of a worker that waits for its CPU did not pay: the remedy left is
         # emptying it (see _drain), which need not wait out the quiet rounds, once per worker,
         # and once more after its halving if the others could take it all.
@@ -651,7 +676,6 @@ class BalancePolicy:
             self._undos += 1
             self._wait_rounds = self.settle + self.quiet_rounds * 2 ** (self._undos - 1)
         self._forget_evidence()
-        return back
 
     def _hold_longer(self, workers: set[int]) -> None:
         """Each of ``workers`` that was held for being slower (or halved) is held again, twice
@@ -677,13 +701,12 @@ class BalancePolicy:
         """After ``worker``'s halving was kept (its pace ``pace``): one of the partitions it
         moved goes back to it, on trial, once per worker (from the busiest worker that took
         one, whose load the job waits for; among equals the last moved, the lightest), unless
-        emptying it may follow (it still loses more than ``drain_wait`` and the others could
-        take all of its share). Halving rounds a share down, and the share that
-        serves best beside another process depends on how long that process's turns are, which
-        no report shows: on 2 workers beside a busy loop keeping 4 of 8 beat keeping 3 in the
-        quiet hours and lost to it by 9-10% in busier ones (``benchmarks/competed_share.py``).
-        The pace decides (:meth:`_judge_probe`)."""
-        if worker in self._probed or (self._empty_fits and self.lost(worker) > self.drain_wait):
+        emptying it may follow (:meth:`_may_empty`). Halving rounds a share down, and the share
+        that serves best beside another process depends on how long that process's turns are,
+        which no report shows: on 2 workers beside a busy loop keeping 4 of 8 beat keeping 3 in
+        the quiet hours and lost to it by 9-10% in busier ones
+        (``benchmarks/competed_share.py``). The pace decides (:meth:`_judge_probe`)."""
+        if worker in self._probed or self._may_empty(worker):
             return []
         loads = self.loads(self.spread_groups())
         cands = [(loads[dst], n, g, i, dst) for n, (g, i, src, dst) in enumerate(moved)
@@ -693,7 +716,7 @@ class BalancePolicy:
         _, _, g, i, dst = max(cands)  # off the busiest (the job waits for it), the lightest
         self._probed.add(worker)
         self._trial = ([(g, i, dst, worker)], pace, getattr(ctrl, "snapshots_started", 0))
-        self._trial_probe = True
+        self._trial_probe = 1
         self._wait_rounds = self.settle
         self.parts[(g, i)].came_from = dst
         return [(g, i, worker, f"half of worker {worker}'s share moved and the job kept its pace "
@@ -701,20 +724,63 @@ class BalancePolicy:
                                f"runs within the other process's turns may take one more; kept "
                                f"only if the job gets faster)")]
 
-    def _judge_probe(self, moved: list[tuple[int, int, int, int]], before: float, after: float,
-                     ctrl: Any) -> list[tuple[int, int, int, str]]:
-        """The partition :meth:`_probe` gave back stays only if the job got faster; else it goes
-        back, and the halved worker is held again (twice as long: see step 5). Either way the
+    def _probe_fewer(self, worker: int, moved: list[tuple[int, int, int, int]], pace: float,
+                     ctrl: Any) -> tuple[int, int, int, int] | None:
+        """When ``worker``'s halving (``moved``) is undone, the job's pace before it ``pace``:
+        the move of ``moved`` that stays, on trial, so that the worker keeps one partition
+        fewer than before its halving (the one on the least loaded worker that took one, among
+        equals the last moved, the lightest); None where there is no trial (once per worker,
+        none where emptying may follow, and none if fewer than two partitions moved). A worker
+        sharing its core runs slower than its reports show (its waits inside tasks and between
+        them are told apart by an estimate), so the round of moves by speed before the halving
+        can leave it one partition too many: on 2 workers beside a busy loop k-means ran 4-5%
+        faster with 5 of 8 than with the 6 that round left, and 9% slower with the halving's 3.
+        The pace decides (:meth:`_judge_probe`)."""
+        if worker in self._probed or self._may_empty(worker):
+            return None
+        loads = self.loads(self.spread_groups())
+        cands = [(loads[dst], -n, (g, i, src, dst)) for n, (g, i, src, dst) in enumerate(moved)
+                 if src == worker and self.parts[(g, i)].holder == dst and not ctrl.moving(g, i)]
+        if len(cands) < 2:
+            return None
+        stays = min(cands)[2]
+        self._probed.add(worker)
+        self._trial = ([stays], pace, getattr(ctrl, "snapshots_started", 0))
+        self._trial_probe = -1
+        self._undone = (moved, worker)
+        self._wait_rounds = self.settle
+        self.notes.append(f"partition {stays[1]} stays on worker {stays[3]}, on trial: worker "
+                          f"{worker} keeps one partition fewer than before its halving (kept "
+                          f"only if the job gets faster than it was then)")
+        return stays
+
+    def _may_empty(self, worker: int) -> bool:
+        """Whether emptying ``worker`` may follow its halving: it still loses more than
+        ``drain_wait`` and the others could take all of its share."""
+        return self._empty_fits and self.lost(worker) > self.drain_wait
+
+    def _judge_probe(self, probe: int, moved: list[tuple[int, int, int, int]], before: float,
+                     after: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
+        """The trial of a halved worker's share (``probe``: +1 from :meth:`_probe`, -1 from
+        :meth:`_probe_fewer`) stays only if the job got faster; else the partition goes back.
+        After +1 undone the halved worker is held again (twice as long: see step 5), and the
         policy goes on from there with no quiet rounds: the trial was its own, not a plan the
-        model got wrong."""
-        if before > 0 and after > before:
-            return []
-        # (the halved worker has a hold to double: the halving held it)
-        self._hold_longer({dst for _, _, _, dst in moved})
-        back = self._move_back(moved, ctrl, lambda i, src, dst: (
-            f"partition {i} back on worker {dst} made the job {max(1 - after / before, 0):.0%} "
-            f"slower, not faster: moving it back to worker {src}" if before > 0 else
-            f"moving partition {i} back to worker {src}"))
+        model got wrong. After -1, kept or not, what follows the undone halving follows
+        (:meth:`_after_undo`)."""
+        kept = before > 0 and after > before
+        back: list[tuple[int, int, int, str]] = []
+        if not kept:
+            if probe > 0:  # (the halved worker has a hold to double: the halving held it)
+                self._hold_longer({dst for _, _, _, dst in moved})
+            back = self._move_back(moved, ctrl, lambda i, src, dst: (
+                f"partition {i} {'back on' if probe > 0 else 'off'} worker "
+                f"{dst if probe > 0 else src} made the job {max(1 - after / before, 0):.0%} "
+                f"slower, not faster: moving it back to worker {src}" if before > 0 else
+                f"moving partition {i} back to worker {src}"))
+        if probe < 0 and self._undone is not None:
+            self._after_undo(*self._undone)
+            self._undone = None
+            return back
         self._wait_rounds = self.settle
         self._forget_evidence()
         return back
