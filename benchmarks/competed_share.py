@@ -1,8 +1,8 @@
 """How much of its share a worker that shares its core with a busy process should keep.
 
-Logistic regression on 2 workers (``benchmarks/straggler.py``'s input, 8 partitions per
-worker), every rank pinned as in that benchmark's ``competing`` scenario, and a busy loop on
-worker 1's core. Balancing off; instead, at the controller's first tick a scripted round of
+Logistic regression (or ``--app kmeans``) on 2 workers (``benchmarks/straggler.py``'s input, 8
+partitions per worker), every rank pinned as in that benchmark's ``competing`` scenario, and a
+busy loop on worker 1's core. Balancing off; instead, at the controller's first tick a scripted round of
 moves leaves worker 1 ``k`` of its 8 partitions (the others go to worker 0), for each ``k`` of ``--keep``;
 the runs of each round go through the ``k`` in turn, beside a reference run without the busy
 loop, and ``--rounds`` rounds alternate. Each row gives the run's median and mean iteration
@@ -12,7 +12,8 @@ Then the same runs in virtual time (``canary.virtual_runner.SharedCore`` on work
 partition's gradient priced at what it took in the reference runs, from their load reports,
 this machine's runtime costs and the state machines' handling as measured here): the
 model's account of the same placements, beside the machine's, and of the run without the busy
-loop (``model_alone_ms``).
+loop (``model_alone_ms``). The model prices logistic regression's gradients: with ``--app
+kmeans`` the rows give the machine's figures only.
 
 Prints JSON lines (one per run, then one per ``k`` with the medians over the rounds and the
 model's figures, then a summary with the best ``k`` by mean on each side); ``--plot DIR``
@@ -22,6 +23,7 @@ same from the rows of a results file.
 
     python benchmarks/competed_share.py --plot DIR       # ~8 min
     python benchmarks/competed_share.py --keep 8,4,0 --rounds 1 --quick
+    python benchmarks/competed_share.py --app kmeans --keep 6,5,4,3      # ~5 min
 """
 
 from __future__ import annotations
@@ -51,11 +53,11 @@ from benchmarks.straggler import (  # noqa: E402
 
 WORKERS, PPW = 2, 8
 KEEP = (8, 6, 5, 4, 3, 2, 0)
-APP = "logistic_regression"
-GROUP = 0  # logistic regression's training data: the first co-location group
+GROUP = 0  # the training data (logistic regression) or points (k-means): the first group
 # the moves come at the first tick, so straggler.py's input with fewer iterations than its
-# runs (which wait out the policy's trials) measures the steady state alike
-ITERS = 5000
+# runs (which wait out the policy's trials) measures the steady state alike; k-means' runs
+# are short already
+ITERS = {"logistic_regression": 5000, "kmeans": APPS["kmeans"][1]}
 
 
 def script(keep: int) -> list[tuple[float, int, int, int]]:
@@ -75,6 +77,7 @@ def model_ms(result: Any) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--app", default="logistic_regression", choices=sorted(ITERS))
     ap.add_argument("--keep", default=",".join(map(str, KEEP)), metavar="K,K,...",
                     help="partitions worker 1 keeps, each 0 to 8 (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=2)
@@ -88,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         keeps = []
     if not keeps or any(not 0 <= k <= PPW for k in keeps) or args.rounds < 1:
         ap.error(f"--keep takes counts from 0 to {PPW} (comma-separated), --rounds >= 1")
-    data, _, qdata, qiters = APPS[APP]
-    iters = ITERS
+    app = args.app
+    data, _, qdata, qiters = APPS[app]
+    iters = ITERS[app]
     if args.quick:  # well past the controller's first tick (0.1 s): 0.6 s of iterations here
         data, iters = qdata, 30 * qiters
     argv_app = [*data, "--partitions", str(WORKERS * PPW)]
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     measured: list[float] = []  # a partition's gradient an iteration, from the load reports
     runs: dict[int, list[dict[str, float]]] = {k: [] for k in keeps}
     for r in range(args.rounds):
-        ref = run(APP, argv_app, iters, WORKERS, False, {}, True, args.timeout)
+        ref = run(app, argv_app, iters, WORKERS, False, {}, True, args.timeout)
         refs.append(steady(ref["iteration_ms"]))
         if ref["partition_ms"] is not None:
             measured.append(ref["partition_ms"])
@@ -113,17 +117,47 @@ def main(argv: list[str] | None = None) -> int:
             env = {SCRIPT_ENV: json.dumps(script(k))}
             hog = busy_loop(core)
             try:
-                got = run(APP, argv_app, iters, WORKERS, False, env, True, args.timeout)
+                got = run(app, argv_app, iters, WORKERS, False, env, True, args.timeout)
             finally:
                 hog.kill()
                 hog.wait()
             row = figures(got["iteration_ms"])
             runs[k].append(row)
-            emit({"round": r, "run": "competed", "keep": k, **row,
+            emit({"round": r, "run": "competed", "app": app, "keep": k, **row,
                   "migrations": got["migrations"]})
             if got["migrations"] != PPW - k:
                 raise RuntimeError(f"keep {k}: {got['migrations']} moves made, not {PPW - k}")
     alone = statistics.median(refs)
+    summary: dict[str, Any] = {"summary": "competed_share", "app": app,
+                               "alone_ms": round(alone, 4)}
+    model_rows: dict[int, dict[str, float]] = {}
+    if app == "logistic_regression":
+        summary.update(model_lr(keeps, measured, alone, args.quick, model_rows))
+    best: dict[str, tuple[float, int]] = {}
+    for k in keeps:
+        row = {"keep": k, "median_ms": round(statistics.median(x["median_ms"] for x in runs[k]), 4),
+               "mean_ms": round(statistics.median(x["mean_ms"] for x in runs[k]), 4),
+               **model_rows.get(k, {})}
+        emit(row)
+        for side, key in (("machine", "mean_ms"), ("model", "model_mean_ms")):
+            if key in row and (side not in best or row[key] < best[side][0]):
+                best[side] = (row[key], k)
+    emit({**summary, "rounds": args.rounds,
+          "best_keep": {side: k for side, (_, k) in best.items()},
+          "cpus": len(os.sched_getaffinity(0))})
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def model_lr(keeps: list[int], measured: list[float], alone: float, quick: bool,
+             out: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """Logistic regression's placements in virtual time: each ``k``'s figures into ``out`` (as
+    ``model_median_ms`` and ``model_mean_ms``); returns the summary's fields of the model
+    (``model_alone_ms``, and what a partition's gradient was priced at and from). ``measured``:
+    a partition's gradient an iteration in the reference runs, from their load reports;
+    ``alone``: their median iteration (ms). Raises RuntimeError if a placement's moves
+    differ from the script's."""
     # a run too short for load reports in its last 40% (--quick) prices a partition at the
     # iteration over the partitions, which counts the iteration's fixed part in it
     priced_from = "load reports" if measured else "iteration over partitions"
@@ -134,62 +168,56 @@ def main(argv: list[str] | None = None) -> int:
     # About 20 virtual seconds. --quick: 0.3, counted in the machine's whole iterations, since
     # its tiny partitions' gradients are a small part of an iteration (priced at them, the model
     # would run thousands of iterations, tens of seconds of a test, for 0.3 virtual seconds).
-    v_iters = max(int(20.0 / (PPW * partition_s)) if not args.quick else int(0.3 / (alone * 1e-3)),
+    v_iters = max(int(20.0 / (PPW * partition_s)) if not quick else int(0.3 / (alone * 1e-3)),
                   10)
     here = {"runtime": Runtime(), "handle_s": None}  # this machine's costs, not an ideal's
     model_alone = virtual_lr(WORKERS, PPW, v_iters, False, partition_s, **here)
-    best: dict[str, tuple[float, int]] = {}
     for k in keeps:
         model = virtual_lr(WORKERS, PPW, v_iters, False, partition_s, **here,
                            shared_cores={1: SharedCore()}, policy=ScriptedPolicy(script(k)))
         if model.job.migrations != PPW - k:
             raise RuntimeError(f"keep {k}, in virtual time: {model.job.migrations} moves made")
-        row = {"keep": k, "median_ms": round(statistics.median(x["median_ms"] for x in runs[k]), 4),
-               "mean_ms": round(statistics.median(x["mean_ms"] for x in runs[k]), 4),
-               **{f"model_{name}": v for name, v in figures(model_ms(model)).items()}}
-        emit(row)
-        for side, key in (("machine", "mean_ms"), ("model", "model_mean_ms")):
-            if side not in best or row[key] < best[side][0]:
-                best[side] = (row[key], k)
-    emit({"summary": "competed_share", "alone_ms": round(alone, 4),
-          "model_alone_ms": figures(model_ms(model_alone))["mean_ms"],
-          "partition_ms": round(partition_s * 1e3, 4), "partition_priced_from": priced_from,
-          "rounds": args.rounds,
-          "best_keep": {side: k for side, (_, k) in best.items()},
-          "cpus": len(os.sched_getaffinity(0))})
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
+        out[k] = {f"model_{name}": v for name, v in figures(model_ms(model)).items()}
+    return {"model_alone_ms": figures(model_ms(model_alone))["mean_ms"],
+            "partition_ms": round(partition_s * 1e3, 4), "partition_priced_from": priced_from}
 
 
 def plot(rows: list[dict[str, Any]], out: str) -> str:
-    """Draw ``competed_share.png`` in ``out`` from the benchmark's rows; return its path."""
+    """Draw ``competed_share.png`` (``competed_share_kmeans.png`` for k-means) in ``out`` from
+    the benchmark's rows; return its path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     os.makedirs(out, exist_ok=True)
     runs = [r for r in rows if r.get("run") == "competed"]
     per_keep = sorted((r for r in rows if "run" not in r and "summary" not in r),
                       key=lambda r: r["keep"])
     alone = [r["mean_ms"] for r in rows if r.get("run") == "alone"]
+    app = next((r["app"] for r in runs if "app" in r), "logistic_regression")
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.scatter([r["keep"] for r in runs], [r["mean_ms"] for r in runs], s=12, alpha=0.5,
                label="each run")
     ax.plot([r["keep"] for r in per_keep], [r["mean_ms"] for r in per_keep], marker="o",
             label="the machine (median of the rounds)")
-    ax.plot([r["keep"] for r in per_keep], [r["model_mean_ms"] for r in per_keep], marker="s",
-            ls="--", label="the model (SharedCore)")
+    modeled = [r for r in per_keep if "model_mean_ms" in r]
+    if modeled:
+        ax.plot([r["keep"] for r in modeled], [r["model_mean_ms"] for r in modeled], marker="s",
+                ls="--", label="the model (SharedCore)")
     if alone:
         ax.axhline(statistics.median(alone), color="k", lw=0.8, ls=":",
                    label="without the busy loop")
     ax.set_xlabel(f"partitions worker 1 keeps (of {PPW}; the rest on worker 0)")
     ax.set_ylabel("mean iteration (ms)")
-    ax.set_title("logistic regression, 2 workers, a busy loop on worker 1's core", fontsize=9)
+    name = {"logistic_regression": "logistic regression", "kmeans": "k-means"}[app]
+    ax.set_title(f"{name}, 2 workers, a busy loop on worker 1's core", fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = os.path.join(out, "competed_share.png")
+    path = os.path.join(out, "competed_share.png" if app == "logistic_regression" else
+                        f"competed_share_{app}.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

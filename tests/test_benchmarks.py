@@ -731,6 +731,22 @@ def test_competed_share_leaves_the_competed_worker_each_share_asked_for(tmp_path
     assert proc.returncode == 2 and "--keep takes counts from 0 to 8" in proc.stderr
 
 
+def test_competed_share_runs_kmeans_placements_on_the_machine_only(tmp_path: Path) -> None:
+    # the model prices logistic regression's gradients: k-means' rows are the machine's
+    rows = run_bench("competed_share.py", "--app", "kmeans", "--keep", "8,5", "--rounds", "1",
+                     "--quick", "--plot", str(tmp_path))
+    assert (tmp_path / "competed_share_kmeans.png").stat().st_size > 0
+    runs = [r for r in rows if r.get("run") == "competed"]
+    assert [(r["app"], r["keep"], r["migrations"]) for r in runs] == [
+        ("kmeans", 8, 0), ("kmeans", 5, 3)]
+    per_keep = [r for r in rows if "run" not in r and "summary" not in r]
+    assert [r["keep"] for r in per_keep] == [8, 5]
+    assert all(r["mean_ms"] > 0 and not any(k.startswith("model_") for k in r) for r in per_keep)
+    summary = rows[-1]
+    assert summary["app"] == "kmeans" and "model_alone_ms" not in summary
+    assert list(summary["best_keep"]) == ["machine"]
+
+
 @pytest.mark.parametrize("bad", [["--micro-factor", "0.5"], ["--factor", "0"],
                                  ["--workers", "1"], ["--ppw", "0"], ["--virtual", "3,1"],
                                  ["--virtual-competing", "1"], ["--partition-ms", "0"],
