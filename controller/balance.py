@@ -106,17 +106,18 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
 8. Halving rounds the share down, and the share that serves best beside another process
    depends on how long that process's turns are, which no report shows (2 workers beside a
    busy loop: keeping 4 of 8 beat keeping 3 in quiet hours, and lost to it by 9-10% in busier
-   ones). So when a halving is kept and no emptying may follow, one of the partitions it moved
-   goes back at once, on trial (from the busiest worker that took one), once per worker: the
-   pace check keeps it only if the job got faster than with the halving, and otherwise moves
-   it back, holds the worker twice as long, and goes on without quiet rounds. When a halving
-   is undone and no emptying may follow, one of the partitions it moved stays off on trial
-   instead (the one on the least loaded worker that took one), once per worker: the share
-   before the halving came from the round of moves by speed, and a worker sharing its core
-   runs slower than its reports show (2 workers beside a busy loop: k-means ran 4-5% faster
-   with 5 of 8 than with the 6 that round left, 9% slower with the halving's 3). The pace
-   check keeps it only if the job got faster than before the halving, and otherwise moves it
-   back; the undo's quiet rounds follow either way.
+   ones); nor is the share before the halving the best, since the round of moves by speed
+   rounds a worker sharing its core on its estimated speed (k-means beside a busy loop ran
+   10% faster with 5 of 8 than with the 6 that round left, and 9% slower with the halving's
+   3). So where no emptying may follow, the pace decides, one partition at a time, once per
+   worker: after a halving kept, one of the partitions it moved goes back (from the busiest
+   worker that took one); after a halving undone, one of them stays off (the one on the
+   least loaded worker that took one). Each step stays only if the job got faster than
+   before it (the first one after an undo: than before the halving), and the next step in
+   the same direction follows, as long as the worker keeps some of the halving's partitions
+   and lacks some (both ends were measured already). A step that did not pay moves back and
+   ends the trial: back on the worker, it is held twice as long and the policy goes on without
+   quiet rounds; off it, the undo's quiet rounds follow (as they do after a step kept last).
 """
 
 from __future__ import annotations
@@ -227,6 +228,16 @@ class _Worker:
     partitions: set[tuple[int, int]] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class _ShareTrial:
+    """A halved worker's share, tried one partition at a time (step 8)."""
+
+    worker: int
+    halving: list[tuple[int, int, int, int]]  # its moves, (group, index, worker, to)
+    step: int  # +1: partitions back on the worker (the halving kept); -1: off it (undone)
+    steps: int = 0  # the steps made so far
+
+
 class BalancePolicy:
     """Moves partitions off workers that are markedly slower; see the module docstring.
 
@@ -306,13 +317,8 @@ class BalancePolicy:
         # snapshots had started then, until judged
         self._trial: tuple[list[tuple[int, int, int, int]], float, int] | None = None
         self._trial_drain: int | None = None  # the worker the last round emptied or halved
-        # the last round was a trial of a halved worker's share: +1 one partition back on it
-        # after its halving was kept, -1 one fewer than before its halving, which was undone
-        self._trial_probe = 0
+        self._share_trial: _ShareTrial | None = None  # the last round tried a halved share
         self._probed: set[int] = set()  # halved workers whose share was tried (once each)
-        # the undone halving a -1 trial followed ((group, index, from, to) moves, the worker):
-        # its sequel (_after_undo) waits for the trial's
-        self._undone: tuple[list[tuple[int, int, int, int]], int] | None = None
         self._undos = 0
         self.decisions: list[str] = []  # why each move was made, for the progress line
 
@@ -622,24 +628,23 @@ class BalancePolicy:
         """The last round of moves, ``patience`` fresh rounds after it settled: the moves back
         if the job got slower by more than ``undo_margin``, else none. A snapshot taken since
         the moves (the workers stood still while writing it) voids the comparison. An undone
-        halving may leave one of its moves on trial (:meth:`_probe_fewer`)."""
+        halving may leave one of its moves on trial (:meth:`_try_share`)."""
         assert self._trial is not None
         moved, before, snapshots = self._trial
         after = statistics.fmean(self._paces)
         drained, self._trial_drain = self._trial_drain, None
-        probe, self._trial_probe = self._trial_probe, 0
+        share, self._share_trial = self._share_trial, None
         self._trial = None
         self._paces = []
         if getattr(ctrl, "snapshots_started", 0) != snapshots:
-            if self._undone is not None:
-                self._after_undo(*self._undone)
-                self._undone = None
+            if share is not None:
+                self._end_share_trial(share, kept=True)
             return []
-        if probe:
-            return self._judge_probe(probe, moved, before, after, ctrl)
+        if share is not None:
+            return self._judge_share(share, moved, before, after, ctrl)
         if before <= 0 or after >= (1 - self.undo_margin) * before:
             if drained is not None and drained not in self.drained:
-                return self._probe(drained, moved, after, ctrl)
+                return self._try_share(_ShareTrial(drained, moved, +1), after, ctrl)
             return []
         halved = drained if drained is not None and drained not in self.drained else None
         if drained is not None:
@@ -650,11 +655,13 @@ class BalancePolicy:
         for src in {src for _, _, src, _ in moved}:
             self._held.pop(src, None)
         self._hold_longer({dst for _, _, _, dst in moved})
-        stays = self._probe_fewer(halved, moved, before, ctrl) if halved is not None else None
-        back = self._move_back([m for m in moved if m != stays], ctrl, lambda i, src, dst: (
+        if halved is not None:  # one of its moves may stay, on trial
+            self._try_share(_ShareTrial(halved, moved, -1), before, ctrl)
+        stays: list[tuple[int, int, int, int]] = self._trial[0] if self._trial is not None else []
+        back = self._move_back([m for m in moved if m not in stays], ctrl, lambda i, src, dst: (
             f"the last moves made the job {1 - after / before:.0%} slower, not faster: moving "
             f"partition {i} back to worker {src}"))
-        if stays is None:
+        if self._trial is None:
             self._after_undo(moved, drained)
         return back
 
@@ -696,94 +703,105 @@ class BalancePolicy:
                 back.append((g, i, src, why(i, src, dst)))
         return back
 
-    def _probe(self, worker: int, moved: list[tuple[int, int, int, int]], pace: float,
-               ctrl: Any) -> list[tuple[int, int, int, str]]:
-        """After ``worker``'s halving was kept (its pace ``pace``): one of the partitions it
-        moved goes back to it, on trial, once per worker (from the busiest worker that took
-        one, whose load the job waits for; among equals the last moved, the lightest), unless
-        emptying it may follow (:meth:`_may_empty`). Halving rounds a share down, and the share
-        that serves best beside another process depends on how long that process's turns are,
-        which no report shows: on 2 workers beside a busy loop keeping 4 of 8 beat keeping 3 in
-        the quiet hours and lost to it by 9-10% in busier ones
-        (``benchmarks/competed_share.py``). The pace decides (:meth:`_judge_probe`)."""
-        if worker in self._probed or self._may_empty(worker):
-            return []
-        loads = self.loads(self.spread_groups())
-        cands = [(loads[dst], n, g, i, dst) for n, (g, i, src, dst) in enumerate(moved)
-                 if src == worker and self.parts[(g, i)].holder == dst and not ctrl.moving(g, i)]
-        if not cands:
-            return []
-        _, _, g, i, dst = max(cands)  # off the busiest (the job waits for it), the lightest
-        self._probed.add(worker)
-        self._trial = ([(g, i, dst, worker)], pace, getattr(ctrl, "snapshots_started", 0))
-        self._trial_probe = 1
-        self._wait_rounds = self.settle
-        self.parts[(g, i)].came_from = dst
-        return [(g, i, worker, f"half of worker {worker}'s share moved and the job kept its pace "
-                               f"or got faster: trying partition {i} back on it (a share that "
-                               f"runs within the other process's turns may take one more; kept "
-                               f"only if the job gets faster)")]
+    def _try_share(self, trial: _ShareTrial, pace: float, ctrl: Any
+                   ) -> list[tuple[int, int, int, str]]:
+        """The next step of ``trial``, the job's pace before it ``pace``: one partition of the
+        halving moves back onto the halved worker (step +1; from the busiest worker holding
+        one, whose load the job waits for; among equals the last moved, the lightest), or off
+        it again (step -1; to the least loaded of the workers the halving gave them to, among
+        equals the last moved). The move, or none where the step would leave the worker all
+        of the halving's partitions or none (both measured already), and none for a worker
+        tried before (:attr:`_probed`) or one that emptying may follow (:meth:`_may_empty`).
+        After an undone halving (``trial.step`` -1, ``trial.steps`` 0) the first step is no
+        move: one of the halving's moves stays where it is (:meth:`_judge` leaves it out of the
+        undo), and a line of the progress output says so.
 
-    def _probe_fewer(self, worker: int, moved: list[tuple[int, int, int, int]], pace: float,
-                     ctrl: Any) -> tuple[int, int, int, int] | None:
-        """When ``worker``'s halving (``moved``) is undone, the job's pace before it ``pace``:
-        the move of ``moved`` that stays, on trial, so that the worker keeps one partition
-        fewer than before its halving (the one on the least loaded worker that took one, among
-        equals the last moved, the lightest); None where there is no trial (once per worker,
-        none where emptying may follow, and none if fewer than two partitions moved). A worker
-        sharing its core runs slower than its reports show (its waits inside tasks and between
-        them are told apart by an estimate), so the round of moves by speed before the halving
-        can leave it one partition too many: on 2 workers beside a busy loop k-means ran 4-5%
-        faster with 5 of 8 than with the 6 that round left, and 9% slower with the halving's 3.
-        The pace decides (:meth:`_judge_probe`)."""
-        if worker in self._probed or self._may_empty(worker):
-            return None
+        Halving rounds a share down, and the share that serves best beside another process
+        depends on how long that process's turns are, which no report shows: on 2 workers
+        beside a busy loop keeping 4 of 8 beat keeping 3 in the quiet hours and lost to it by
+        9-10% in busier ones (``benchmarks/competed_share.py``). Nor is the share before the
+        halving the best: it came from the round of moves by speed, and a worker sharing its
+        core runs slower than its reports show (its waits inside tasks and between them are
+        told apart by an estimate): k-means ran 10% faster with 5 of 8 than with the 6 that
+        round left, and 9% slower with the halving's 3. So the pace decides, one partition at
+        a time (:meth:`_judge_share`)."""
+        worker = trial.worker
+        if (not trial.steps and worker in self._probed) or self._may_empty(worker):
+            return []
         loads = self.loads(self.spread_groups())
-        cands = [(loads[dst], -n, (g, i, src, dst)) for n, (g, i, src, dst) in enumerate(moved)
-                 if src == worker and self.parts[(g, i)].holder == dst and not ctrl.moving(g, i)]
-        if len(cands) < 2:
-            return None
-        stays = min(cands)[2]
+        off = [(n, (g, i, src, dst)) for n, (g, i, src, dst) in enumerate(trial.halving)
+               if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i)]
+        on = [(n, (g, i, src, dst)) for n, (g, i, src, dst) in enumerate(trial.halving)
+              if self.parts[(g, i)].holder == worker and not ctrl.moving(g, i)]
+        first_undo = trial.step < 0 and not trial.steps
+        if trial.step > 0 and len(off) >= 2:
+            _, _, (g, i, _, dst) = max((loads[m[3]], n, m) for n, m in off)
+            move = (g, i, dst, worker)
+        elif first_undo and len(off) >= 2:  # all still off: one stays
+            _, _, move = min((loads[m[3]], -n, m) for n, m in off)
+        elif trial.step < 0 and trial.steps and len(on) >= 2:
+            _, _, (g, i, _, dst) = min((loads[m[3]], -n, m) for n, m in on)
+            move = (g, i, worker, dst)
+        else:
+            return []
         self._probed.add(worker)
-        self._trial = ([stays], pace, getattr(ctrl, "snapshots_started", 0))
-        self._trial_probe = -1
-        self._undone = (moved, worker)
+        g, i, src, dst = move
+        self._share_trial = _ShareTrial(worker, trial.halving, trial.step, trial.steps + 1)
+        self._trial = ([move], pace, getattr(ctrl, "snapshots_started", 0))
         self._wait_rounds = self.settle
-        self.notes.append(f"partition {stays[1]} stays on worker {stays[3]}, on trial: worker "
-                          f"{worker} keeps one partition fewer than before its halving (kept "
-                          f"only if the job gets faster than it was then)")
-        return stays
+        self.parts[(g, i)].came_from = src
+        kept = ("kept only if the job gets faster than before the halving" if first_undo else
+                "kept only if the job gets faster")
+        if first_undo:
+            self.notes.append(f"partition {i} stays on worker {dst}, on trial: worker {worker} "
+                              f"keeps one partition fewer than before its halving ({kept})")
+            return []
+        if trial.steps:
+            why = (f"the last partition {'back on' if trial.step > 0 else 'off'} worker "
+                   f"{worker} made the job faster: trying partition {i} "
+                   f"{'back on it' if trial.step > 0 else f'off it too, on worker {dst}'} ({kept})")
+        else:
+            why = (f"half of worker {worker}'s share moved and the job kept its pace or got "
+                   f"faster: trying partition {i} back on it (a share that runs within the "
+                   f"other process's turns may take one more; {kept})")
+        return [(g, i, dst, why)]
 
     def _may_empty(self, worker: int) -> bool:
         """Whether emptying ``worker`` may follow its halving: it still loses more than
         ``drain_wait`` and the others could take all of its share."""
         return self._empty_fits and self.lost(worker) > self.drain_wait
 
-    def _judge_probe(self, probe: int, moved: list[tuple[int, int, int, int]], before: float,
-                     after: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
-        """The trial of a halved worker's share (``probe``: +1 from :meth:`_probe`, -1 from
-        :meth:`_probe_fewer`) stays only if the job got faster; else the partition goes back.
-        After +1 undone the halved worker is held again (twice as long: see step 5), and the
-        policy goes on from there with no quiet rounds: the trial was its own, not a plan the
-        model got wrong. After -1, kept or not, what follows the undone halving follows
+    def _judge_share(self, trial: _ShareTrial, moved: list[tuple[int, int, int, int]],
+                     before: float, after: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
+        """A step of ``trial`` (``moved``: its one move) stays only if the job got faster
+        (``after`` over ``before``), and the next step follows (:meth:`_try_share`); else the
+        partition goes back and the trial ends (:meth:`_end_share_trial`)."""
+        if before > 0 and after > before:
+            step = self._try_share(trial, after, ctrl)
+            if step:
+                return step
+            self._end_share_trial(trial, kept=True)
+            return []
+        back = self._move_back(moved, ctrl, lambda i, src, dst: (
+            f"partition {i} {'back on' if trial.step > 0 else 'off'} worker {trial.worker} made "
+            f"the job {max(1 - after / before, 0):.0%} slower, not faster: moving it back to "
+            f"worker {src}" if before > 0 else f"moving partition {i} back to worker {src}"))
+        self._end_share_trial(trial, kept=False)
+        return back
+
+    def _end_share_trial(self, trial: _ShareTrial, kept: bool) -> None:
+        """After the last step of ``trial`` (``kept`` or moved back). Partitions back on the
+        halved worker: if the last did not pay it is held again (twice as long: see step 5);
+        the policy goes on from there with no quiet rounds, the trial being its own and not a
+        plan the model got wrong. Partitions off it: what follows the undone halving follows
         (:meth:`_after_undo`)."""
-        kept = before > 0 and after > before
-        back: list[tuple[int, int, int, str]] = []
-        if not kept:
-            if probe > 0:  # (the halved worker has a hold to double: the halving held it)
-                self._hold_longer({dst for _, _, _, dst in moved})
-            back = self._move_back(moved, ctrl, lambda i, src, dst: (
-                f"partition {i} {'back on' if probe > 0 else 'off'} worker "
-                f"{dst if probe > 0 else src} made the job {max(1 - after / before, 0):.0%} "
-                f"slower, not faster: moving it back to worker {src}" if before > 0 else
-                f"moving partition {i} back to worker {src}"))
-        if probe < 0 and self._undone is not None:
-            self._after_undo(*self._undone)
-            self._undone = None
-            return back
+        if trial.step < 0:
+            self._after_undo(trial.halving, trial.worker)
+            return
+        if not kept:  # (the halved worker has a hold to double: the halving held it)
+            self._hold_longer({trial.worker})
         self._wait_rounds = self.settle
         self._forget_evidence()
-        return back
 
     def _plan(self, loads: list[float], speeds: list[float], work: dict[tuple[int, int], float],
               ideal: float, ctrl: Any) -> list[tuple[int, int, int, str]]:

@@ -822,20 +822,45 @@ def test_a_lagging_worker_the_others_cannot_empty_is_left_half_its_share() -> No
                and why.endswith("slower, not faster: moving it back to worker 0") for why in said)
 
 
-def test_a_halved_worker_is_given_one_partition_back_and_keeps_it_if_the_job_gets_faster() -> None:
+def test_a_halved_worker_is_given_partitions_back_one_at_a_time_while_the_job_gets_faster(
+        ) -> None:
     # The lag goes at 5 partitions, and the halving keeps 4: one more runs within the other
-    # process's turns as well, and takes one off worker 0, which every iteration waits for
+    # process's turns as well, and takes one off worker 0, which every iteration waits for;
+    # a second one more brings the lag back and goes back
     job, _, said, held = shared_lag_run(free=5.0, rounds=80)
     first = held.index(4)
-    assert held[first:first + 5] == [4] * 5 and set(held[first + 5:]) == {5}
+    assert held[first:first + 15] == [4] * 5 + [5] * 5 + [6] * 5
+    assert set(held[first + 15:]) == {5}
     assert job.period() == 11.0 and not job.lagging()  # 12 with the halving alone
     probes = [why for why in said if "trying partition" in why]
-    assert len(probes) == 1 and probes[0].startswith("half of worker 1's share moved and the "
+    assert len(probes) == 2 and probes[0].startswith("half of worker 1's share moved and the "
                                                      "job kept its pace or got faster")
-    assert not any("back on worker 1 made the job" in why for why in said)
+    assert probes[1].startswith("the last partition back on worker 1 made the job faster: "
+                                "trying partition ")
+    assert len([why for why in said if "back on worker 1 made the job 3" in why]) == 1
 
 
-def test_an_undone_halving_leaves_one_partition_off_on_trial_kept_if_the_job_gets_faster() -> None:
+@pytest.mark.parametrize(("lost", "shares"), [
+    # 8 relieved to 6 by speed, halved to 3 and kept (within the undo margin), then one back
+    # and another: 5 (worker 0's 11), where 4 runs in 12 (worker 0) and 6 in 13.3
+    (0.55, [8, 6, 3, 4, 5]),
+    # 8 relieved to 7, halved to 4, then back up to 6 (10.9), one short of the 7 before it
+    (0.45, [8, 7, 4, 5, 6])])
+def test_the_share_trials_after_a_kept_halving_find_the_best_share(
+        lost: float, shares: list[int]) -> None:
+    job = CompetedJob(1, lost, True, speeds=[1.0, 1.0], parts=uniform(2, 8))
+    policy = BalancePolicy(2)
+    held = []
+    for r in range(150):
+        job.round(policy, r * 0.5)
+        held.append(sum(w == 1 for w in job.ctrl.owners.values()))
+    assert [n for n, _ in itertools.groupby(held)] == shares
+    # the best whole-partition split of the 16
+    assert job.period() == pytest.approx(min(max(16 - k, k / (1 - lost)) for k in range(9)))
+
+
+def test_an_undone_halving_leaves_partitions_off_one_at_a_time_while_the_job_gets_faster(
+        ) -> None:
     # Worker 1 gets half of its core's time (seen with k-means beside a busy loop): the round
     # of moves by speed leaves it 6 of 8, which it runs in 12 against worker 0's 10; halving
     # it to 3 makes worker 0 the slowest (13) and is undone, but 5 beat both (worker 0's 11)
@@ -849,14 +874,19 @@ def test_an_undone_halving_leaves_one_partition_off_on_trial_kept_if_the_job_get
         notes += policy.notes
         policy.notes.clear()
         held.append(sum(w == 1 for w in job.ctrl.owners.values()))
-    assert [n for n, _ in itertools.groupby(held)] == [8, 6, 3, 5]
+    # then one more off, which makes worker 0 the slowest again (12), and goes back
+    assert [n for n, _ in itertools.groupby(held)] == [8, 6, 3, 5, 4, 5]
     assert job.period() == 11.0  # 12 with the 6 the undone halving gave back
     assert len([why for why in said if "moving half of it" in why]) == 3  # 6 to 3
     assert len([why for why in said if "slower, not faster: moving partition" in why]) == 2
     assert [n for n in notes if "on trial" in n] == [
         "partition 12 stays on worker 0, on trial: worker 1 keeps one partition fewer than "
-        "before its halving (kept only if the job gets faster than it was then)"]
-    assert not any(" off worker 1 made the job " in why for why in said)
+        "before its halving (kept only if the job gets faster than before the halving)"]
+    assert [why for why in said if " off worker 1 made the job " in why] == [
+        "the last partition off worker 1 made the job faster: trying partition 11 off it too, "
+        "on worker 0 (kept only if the job gets faster)",
+        "partition 11 off worker 1 made the job 8% slower, not faster: moving it back to "
+        "worker 1"]
 
 
 def test_a_snapshot_during_the_trial_after_an_undone_halving_voids_the_check() -> None:
