@@ -108,7 +108,7 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    busy loop: keeping 4 of 8 beat keeping 3 in quiet hours, and lost to it by 9-10% in busier
    ones); nor is the share before the halving the best, since the round of moves by speed
    rounds a worker sharing its core on its estimated speed (k-means beside a busy loop ran
-   10% faster with 5 of 8 than with the 6 that round left, and 9% slower with the halving's
+   7% faster with 5 of 8 than with the 6 that round left, and 7% slower with the halving's
    3). So where no emptying may follow, the pace decides, one partition at a time, once per
    worker: after a halving kept, one of the partitions it moved goes back (from the busiest
    worker that took one); after a halving undone, one of them stays off (the one on the
@@ -722,8 +722,8 @@ class BalancePolicy:
         9-10% in busier ones (``benchmarks/competed_share.py``). Nor is the share before the
         halving the best: it came from the round of moves by speed, and a worker sharing its
         core runs slower than its reports show (its waits inside tasks and between them are
-        told apart by an estimate): k-means ran 10% faster with 5 of 8 than with the 6 that
-        round left, and 9% slower with the halving's 3. So the pace decides, one partition at
+        told apart by an estimate): k-means ran 7% faster with 5 of 8 than with the 6 that
+        round left, and 7% slower with the halving's 3. So the pace decides, one partition at
         a time (:meth:`_judge_share`)."""
         worker = trial.worker
         if (not trial.steps and worker in self._probed) or self._may_empty(worker):

@@ -588,7 +588,7 @@ def test_straggler_inputs_grow_with_the_workers() -> None:
     assert per_worker(data, 2) == data  # the rows given are for 2 workers
     scaled = per_worker(data, 8)
     k = data.index("--generate") + 1
-    assert scaled[k] == "1200000,20,8" and scaled[:k] + scaled[k + 1:] == data[:k] + data[k + 1:]
+    assert scaled[k] == "1200000,20,2" and scaled[:k] + scaled[k + 1:] == data[:k] + data[k + 1:]
 
 
 @pytest.mark.parametrize("workers,factor", [(2, 2.0), (2, 3.0), (3, 3.0), (3, 1.5)])
