@@ -841,7 +841,7 @@ def test_a_halved_worker_is_given_partitions_back_one_at_a_time_while_the_job_ge
 
 
 @pytest.mark.parametrize(("lost", "shares"), [
-    # 8 relieved to 6 by speed, halved to 3 and kept (within the undo margin), then one back
+    # 8 relieved to 6 by speed (13.3), halved to 3 and kept (worker 0's 13), then one back
     # and another: 5 (worker 0's 11), where 4 runs in 12 (worker 0) and 6 in 13.3
     (0.55, [8, 6, 3, 4, 5]),
     # 8 relieved to 7, halved to 4, then back up to 6 (10.9), one short of the 7 before it
