@@ -703,9 +703,10 @@ class BalancePolicy:
                 back.append((g, i, src, why(i, src, dst)))
         return back
 
-    def _try_share(self, trial: _ShareTrial, pace: float, ctrl: Any
+    def _try_share(self, trial: _ShareTrial, pace: float, ctrl: Any, gain: float = 0.0
                    ) -> list[tuple[int, int, int, str]]:
-        """The next step of ``trial``, the job's pace before it ``pace``: one partition of the
+        """The next step of ``trial``, the job's pace before it ``pace`` (``gain``: how much
+        faster the step before made it, for the progress line): one partition of the
         halving moves back onto the halved worker (step +1; from the busiest worker holding
         one, whose load the job waits for; among equals the last moved, the lightest), or off
         it again (step -1; to the least loaded of the workers the halving gave them to, among
@@ -758,7 +759,7 @@ class BalancePolicy:
             return []
         if trial.steps:
             why = (f"the last partition {'back on' if trial.step > 0 else 'off'} worker "
-                   f"{worker} made the job faster: trying partition {i} "
+                   f"{worker} made the job {gain:.0%} faster: trying partition {i} "
                    f"{'back on it' if trial.step > 0 else f'off it too, on worker {dst}'} ({kept})")
         else:
             why = (f"half of worker {worker}'s share moved and the job kept its pace or got "
@@ -777,7 +778,7 @@ class BalancePolicy:
         (``after`` over ``before``), and the next step follows (:meth:`_try_share`); else the
         partition goes back and the trial ends (:meth:`_end_share_trial`)."""
         if before > 0 and after > before:
-            step = self._try_share(trial, after, ctrl)
+            step = self._try_share(trial, after, ctrl, after / before - 1)
             if step:
                 return step
             self._end_share_trial(trial, kept=True)

@@ -835,7 +835,7 @@ def test_a_halved_worker_is_given_partitions_back_one_at_a_time_while_the_job_ge
     probes = [why for why in said if "trying partition" in why]
     assert len(probes) == 2 and probes[0].startswith("half of worker 1's share moved and the "
                                                      "job kept its pace or got faster")
-    assert probes[1].startswith("the last partition back on worker 1 made the job faster: "
+    assert probes[1].startswith("the last partition back on worker 1 made the job 9% faster: "
                                 "trying partition ")
     assert len([why for why in said if "back on worker 1 made the job 3" in why]) == 1
 
@@ -883,7 +883,7 @@ def test_an_undone_halving_leaves_partitions_off_one_at_a_time_while_the_job_get
         "partition 12 stays on worker 0, on trial: worker 1 keeps one partition fewer than "
         "before its halving (kept only if the job gets faster than before the halving)"]
     assert [why for why in said if " off worker 1 made the job " in why] == [
-        "the last partition off worker 1 made the job faster: trying partition 11 off it too, "
+        "the last partition off worker 1 made the job 9% faster: trying partition 11 off it too, "
         "on worker 0 (kept only if the job gets faster)",
         "partition 11 off worker 1 made the job 8% slower, not faster: moving it back to "
         "worker 1"]
