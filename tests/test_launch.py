@@ -247,6 +247,21 @@ def test_a_rank_that_aborted_the_job_on_purpose_has_said_why() -> None:
                                      "MPI_Abort(1)"]
 
 
+def test_a_job_aborted_with_its_reason_said_is_that_reason_when_hydra_loses_the_abort() -> None:
+    # Seen in a fresh clone's test run: rank 0 printed "canary: job aborted: ...", hydra lost
+    # its MPI_Abort line, no rank's end was recorded, and the verdict added "the job ended
+    # before it finished (... did not finish)" under the reason
+    f = OutputFilter(ranks=3)
+    f.feed(STDERR, tag(0, "canary: job aborted: rank 1 (worker 0): stage 'load' failed:\n")
+           + tag(0, "bad.svm:2: not a number\n") + tag(2, "canary: job aborted, says no one\n"),
+           now=0.0)
+    f.finish()
+    assert f.said_abort == {0} and f.aborts == {}
+    assert verdict(end(records(), 1, said_abort=f.said_abort, wrote_stderr={0})) == (1, [])
+    status, lines = verdict(end(records(), 1, wrote_stderr={0}))  # nothing said: the line
+    assert status == 1 and lines[0].startswith("canary: the job ended before it finished")
+
+
 def test_stopping_and_time_limit_are_one_line_each() -> None:
     assert verdict(end(records(), -15, stopped_by=signal.SIGINT)) == (
         130, ["canary: interrupted; job stopped"])
