@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                                "alone_ms": round(alone, 4)}
     model_rows: dict[int, dict[str, float]] = {}
     if app == "logistic_regression":
-        summary.update(model_lr(keeps, measured, alone, args.quick, model_rows))
+        fields, model_rows = model_lr(keeps, measured, alone, args.quick)
+        summary.update(fields)
     best: dict[str, tuple[float, int]] = {}
     for k in keeps:
         row = {"keep": k, "median_ms": round(statistics.median(x["median_ms"] for x in runs[k]), 4),
@@ -149,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def model_lr(keeps: list[int], measured: list[float], alone: float, quick: bool,
-             out: dict[int, dict[str, float]]) -> dict[str, Any]:
-    """Logistic regression's placements in virtual time: each ``k``'s figures into ``out`` (as
-    ``model_median_ms`` and ``model_mean_ms``); returns the summary's fields of the model
-    (``model_alone_ms``, and what a partition's gradient was priced at and from). ``measured``:
+def model_lr(keeps: list[int], measured: list[float], alone: float, quick: bool
+             ) -> tuple[dict[str, Any], dict[int, dict[str, float]]]:
+    """Logistic regression's placements in virtual time: the summary's fields of the model
+    (``model_alone_ms``, and what a partition's gradient was priced at and from), and each
+    ``k``'s figures (``model_median_ms`` and ``model_mean_ms``). ``measured``:
     a partition's gradient an iteration in the reference runs, from their load reports;
     ``alone``: their median iteration (ms). Raises RuntimeError if a placement's moves
     differ from the script's."""
@@ -171,6 +172,7 @@ def model_lr(keeps: list[int], measured: list[float], alone: float, quick: bool,
                   10)
     here = {"runtime": Runtime(), "handle_s": None}  # this machine's costs, not an ideal's
     model_alone = virtual_lr(WORKERS, PPW, v_iters, False, partition_s, **here)
+    out: dict[int, dict[str, float]] = {}
     for k in keeps:
         model = virtual_lr(WORKERS, PPW, v_iters, False, partition_s, **here,
                            shared_cores={1: SharedCore()}, policy=ScriptedPolicy(script(k)))
@@ -178,7 +180,7 @@ def model_lr(keeps: list[int], measured: list[float], alone: float, quick: bool,
             raise RuntimeError(f"keep {k}, in virtual time: {model.job.migrations} moves made")
         out[k] = {f"model_{name}": v for name, v in figures(model_ms(model)).items()}
     return {"model_alone_ms": figures(model_ms(model_alone))["mean_ms"],
-            "partition_ms": round(partition_s * 1e3, 4), "partition_priced_from": priced_from}
+            "partition_ms": round(partition_s * 1e3, 4), "partition_priced_from": priced_from}, out
 
 
 def plot(rows: list[dict[str, Any]], out: str) -> str:
