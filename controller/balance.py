@@ -53,9 +53,11 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    less and move nothing. On more workers the others wait for a slower one, so the same spell
    holds back more of the job (one worker ``f`` times slower: ``(f (W - 1) + 1) / W`` of the
    ideal on ``W``); the evidence needed grows as a spell's cost does, from what a spell of
-   ``spell_factor`` (1.6) costs on two workers: 3.5 on 4 workers, 4.25 on 8, 4.6 on 16. So a
+   ``spell_factor`` (1.6) costs on two workers: 3.5 on 4 workers, 4.25 on 8, 4.6 on 16. So such a
    spell moves nothing on any number of workers, and a slower machine is answered about as
-   soon as on two (3x after 3 rounds, 2x after 6, 1.4x after 17-18 on 4 to 16 workers).
+   soon as on two (3x after 3 rounds, 2x after 6, 1.4x after 17-18 on 4 to 16 workers). A
+   longer spell is a slower machine here while it lasts (a 16-core cloud host's workers ran
+   1.2-1.8x slower for 6-20 s at a time, and balanced runs on 4 and 8 of them moved).
 4. It then moves greedily: from the busiest worker, the partition and destination that lower
    the highest predicted load most (among equal ones, the destination left least loaded: while
    the source stays the busiest, every destination gives the same highest load), as long as a
