@@ -111,15 +111,17 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    ones); nor is the share before the halving the best, since the round of moves by speed
    rounds a worker sharing its core on its estimated speed (k-means beside a busy loop ran
    7% faster with 5 of 8 than with the 6 that round left, and 7% slower with the halving's
-   3). So where no emptying may follow, the pace decides, one partition at a time, once per
-   worker: after a halving kept, one of the partitions it moved goes back (from the busiest
-   worker that took one); after a halving undone, one of them stays off (the one on the
-   least loaded worker that took one). Each step stays only if the job got faster than
-   before it (the first one after an undo: than before the halving), and the next step in
-   the same direction follows, as long as the worker keeps some of the halving's partitions
-   and lacks some (both ends were measured already). A step that did not pay moves back and
-   ends the trial: back on the worker, it is held twice as long and the policy goes on without
-   quiet rounds; off it, the undo's quiet rounds follow (as they do after a step kept last).
+   3). So where no emptying may follow (judged on the placement that stays: after a halving
+   kept, the others hold its partitions, and may no longer have room for the rest), the pace
+   decides, one partition at a time, once per worker: after a halving kept, one of the
+   partitions it moved goes back (from the busiest worker that took one); after a halving
+   undone, one of them stays off (the one on the least loaded worker that took one). Each
+   step stays only if the job got faster than before it (the first one after an undo: than
+   before the halving), and the next step in the same direction follows, as long as the
+   worker keeps some of the halving's partitions and lacks some (both ends were measured
+   already). A step that did not pay moves back and ends the trial: back on the worker, it is
+   held twice as long and the policy goes on without quiet rounds; off it, the undo's quiet
+   rounds follow (as they do after a step kept last).
 """
 
 from __future__ import annotations
@@ -228,6 +230,16 @@ class _Worker:
     fresh: bool = False  # reported since the last decision
     done: bool = False
     partitions: set[tuple[int, int]] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Emptying:
+    """How a worker would be emptied (:meth:`BalancePolicy._emptying`)."""
+
+    spread: int  # how many of its partitions are of spread groups: the first of moves
+    moves: list[tuple[int, int, int]]  # (group, index, destination), the heaviest first
+    half_top: float  # the others' highest predicted load after the heavier half of the spread
+    top: float  # ... after all, their busy time outside tasks included
 
 
 @dataclass(frozen=True)
@@ -423,6 +435,15 @@ class BalancePolicy:
         mid = statistics.median(raw)
         return [s / mid for s in raw]
 
+    def _estimates(self, spread: set[int]) -> tuple[list[float], list[float],
+                                                     dict[tuple[int, int], float]]:
+        """The workers' speeds and loads, and the work of each partition of ``spread`` (its
+        cost times its holder's speed): what every decision starts from."""
+        speeds = self.speeds()
+        work = {k: p.cost * speeds[p.holder] for k, p in self.parts.items()
+                if p.holder >= 0 and k[0] in spread}
+        return speeds, self.loads(spread), work
+
     # ------------------------------------------------------------------ decisions
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
         workers = self.workers
@@ -459,10 +480,7 @@ class BalancePolicy:
             # measured no speeds, and the loads are the last ones measured, so it neither
             # counts as evidence nor moves anything.
             return []
-        speeds = self.speeds()
-        loads = self.loads(spread)
-        work = {k: p.cost * speeds[p.holder] for k, p in self.parts.items()
-                if p.holder >= 0 and k[0] in spread}
+        speeds, loads, work = self._estimates(spread)
         capacity = sum(s for w, s in enumerate(speeds) if w not in self.drained)
         ideal = sum(work.values()) / capacity
         drain = self._drain(loads, speeds, work, ctrl)
@@ -574,35 +592,12 @@ class BalancePolicy:
             return []
         src = max(cands, key=lambda w: (self.lost(w), -w))
         lost = self.lost(src)
-        workers = self.workers
-        others = [w for w in range(self.n_workers) if w != src and w not in self.drained
-                  and self.lost(w) <= lost - self.wait_margin]
-        if not others:
+        plan = self._emptying(src, loads, speeds, work)
+        if plan is None or any(ctrl.moving(g, i) for g, i, _ in plan.moves):
             return []
-        spread = sorted((k for k in work if self.parts[k].holder == src),
-                        key=lambda k: (-work[k], k))
-        after = list(loads)
-        moves = []
-        half_top = 0.0  # the others' highest predicted load after the heavier half
-        for n, key in enumerate(spread):
-            if ctrl.moving(*key):
-                return []
-            dst = min(others, key=lambda w: (after[w] + work[key] / speeds[w], w))
-            after[dst] += work[key] / speeds[dst]
-            moves.append((key[0], key[1], dst))
-            if n + 1 == len(spread) // 2:
-                half_top = max(after[w] + workers[w].rest for w in others)
-        # its serial steps too (a model's weights): every iteration waits for those as well
-        for key in sorted(k for k, p in self.parts.items() if p.holder == src and k not in work):
-            if ctrl.moving(*key):
-                return []
-            moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
-        # their whole busy time must fit: the loads leave out the rest of it (messages), which
-        # stays where it is (2 workers: taking all, worker 0's tasks alone came to 80% of its
-        # time, and with its messages the job ran 1.7x slower than leaving the competed one be)
-        top = max(after[w] + workers[w].rest for w in others)
+        spread, moves, half_top, top = plan.spread, plan.moves, plan.half_top, plan.top
         fits = top <= 1 - self.min_gain
-        self._drain_half = src not in self._halved and len(spread) >= 2
+        self._drain_half = src not in self._halved and spread >= 2
         self._empty_fits = fits
         if self._drain_half:
             # Half of its share, the heaviest, which the pace check (step 6) keeps only if the
@@ -618,13 +613,43 @@ class BalancePolicy:
             return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
                                 f"(another process on its core?), which every iteration waits "
                                 f"for, {why} (predicted {half_top:.0%} of their time)")
-                    for g, i, dst in moves[:len(spread) // 2]]
+                    for g, i, dst in moves[:spread // 2]]
         if not fits:
             return []
         return [(g, i, dst, f"worker {src} loses {lost:.0%} of its time waiting for a CPU "
                             f"(another process on its core?), which every iteration waits for "
                             f"whatever it holds: moving its partitions to the others "
                             f"(predicted {top:.0%} of their time)") for g, i, dst in moves]
+
+    def _emptying(self, src: int, loads: list[float], speeds: list[float],
+                  work: dict[tuple[int, int], float]) -> _Emptying | None:
+        """How ``src`` would be emptied (see :meth:`_drain`), or None where no worker may take
+        its partitions (the drained take none, nor those that do not lose ``wait_margin`` less
+        of their time waiting for a CPU): its spread partitions, the heaviest first, each to
+        the worker it leaves least loaded, then its serial steps' to the least loaded."""
+        lost = self.lost(src)
+        others = [w for w in range(self.n_workers) if w != src and w not in self.drained
+                  and self.lost(w) <= lost - self.wait_margin]
+        if not others:
+            return None
+        keys = sorted((k for k in work if self.parts[k].holder == src), key=lambda k: (-work[k], k))
+        after = list(loads)
+        moves = []
+        half_top = 0.0
+        for n, key in enumerate(keys):
+            dst = min(others, key=lambda w: (after[w] + work[key] / speeds[w], w))
+            after[dst] += work[key] / speeds[dst]
+            moves.append((key[0], key[1], dst))
+            if n + 1 == len(keys) // 2:
+                half_top = max(after[w] + self.workers[w].rest for w in others)
+        # its serial steps too (a model's weights): every iteration waits for those as well
+        for key in sorted(k for k, p in self.parts.items() if p.holder == src and k not in work):
+            moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
+        # their whole busy time must fit: the loads leave out the rest of it (messages), which
+        # stays where it is (2 workers: taking all, worker 0's tasks alone came to 80% of its
+        # time, and with its messages the job ran 1.7x slower than leaving the competed one be)
+        top = max(after[w] + self.workers[w].rest for w in others)
+        return _Emptying(len(keys), moves, half_top, top)
 
     def _judge(self, ctrl: Any) -> list[tuple[int, int, int, str]]:
         """The last round of moves, ``patience`` fresh rounds after it settled: the moves back
@@ -729,7 +754,7 @@ class BalancePolicy:
         round left, and 7% slower with the halving's 3. So the pace decides, one partition at
         a time (:meth:`_judge_share`)."""
         worker = trial.worker
-        if (not trial.steps and worker in self._probed) or self._may_empty(worker):
+        if (not trial.steps and worker in self._probed) or self._may_empty(trial):
             return []
         loads = self.loads(self.spread_groups())
         off = [(n, (g, i, src, dst)) for n, (g, i, src, dst) in enumerate(trial.halving)
@@ -769,10 +794,22 @@ class BalancePolicy:
                    f"other process's turns may take one more; {kept})")
         return [(g, i, dst, why)]
 
-    def _may_empty(self, worker: int) -> bool:
-        """Whether emptying ``worker`` may follow its halving: it still loses more than
-        ``drain_wait`` and the others could take all of its share."""
-        return self._empty_fits and self.lost(worker) > self.drain_wait
+    def _may_empty(self, trial: _ShareTrial) -> bool:
+        """Whether emptying ``trial.worker`` may follow its halving: it still loses more than
+        ``drain_wait``, and the others could take all of its share, as :meth:`_drain` will
+        judge it on the placement that stays. After an undone halving that is the one before
+        it, which the halving judged. After a kept one it is the halved placement: the
+        others' loads have grown by the halving's partitions since, maybe past what the rest
+        would fit in, and then the trial goes on (a logistic regression run beside a busy
+        loop skipped it for an emptying that never came)."""
+        worker = trial.worker
+        if worker in self._drain_tried or self.lost(worker) <= self.drain_wait:
+            return False
+        if trial.step < 0:
+            return self._empty_fits
+        speeds, loads, work = self._estimates(self.spread_groups())
+        plan = self._emptying(worker, loads, speeds, work)
+        return plan is not None and plan.top <= 1 - self.min_gain
 
     def _judge_share(self, trial: _ShareTrial, moved: list[tuple[int, int, int, int]],
                      before: float, after: float, ctrl: Any) -> list[tuple[int, int, int, str]]:

@@ -859,6 +859,34 @@ def test_the_share_trials_after_a_kept_halving_find_the_best_share(
     assert job.period() == pytest.approx(min(max(16 - k, k / (1 - lost)) for k in range(9)))
 
 
+@pytest.mark.parametrize(("workers", "lost", "shares"), [
+    # 8 relieved to 7 by speed, halved to 4 where the others could have taken all 7: with
+    # the halving's partitions they no longer can take the other 4, so the trial goes on,
+    # to 5 and 6 (undone), back at 5 (the others' 9, where 4 left them 10)
+    (4, 0.4, [8, 7, 4, 5, 6, 5]),
+    # 8 relieved to 6, halved to 3: one back and another (undone), 4 (10, where 3 left 11)
+    (3, 0.55, [8, 6, 3, 4, 5, 4])])
+def test_a_kept_halving_whose_emptying_no_longer_fits_is_followed_by_the_share_trial(
+        workers: int, lost: float, shares: list[int]) -> None:
+    job = CompetedJob(1, lost, True, speeds=[1.0] * workers, parts=uniform(workers, 8))
+    policy = BalancePolicy(workers)
+    said: list[str] = []
+    held = []
+    for r in range(200):
+        said += [why for *_, why in job.round(policy, r * 0.5)]
+        held.append(job.held(1))
+    assert [n for n, _ in itertools.groupby(held)] == shares
+    halving = [why for why in said if "moving half of it" in why]
+    assert halving and all("the others could take all of its share" in why for why in halving)
+    assert any(why.startswith("half of worker 1's share moved and the job kept its pace")
+               for why in said)
+    assert policy.drained == set()
+    # the best whole-partition split: the others share the rest as evenly as partitions allow
+    total = 8 * workers
+    assert job.period() == pytest.approx(min(max(-(-(total - k) // (workers - 1)), k / (1 - lost))
+                                             for k in range(9)))
+
+
 def test_an_undone_halving_leaves_partitions_off_one_at_a_time_while_the_job_gets_faster(
         ) -> None:
     # Worker 1 gets half of its core's time (seen with k-means beside a busy loop): the round
