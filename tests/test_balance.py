@@ -526,10 +526,12 @@ def test_a_pause_in_the_shared_work_is_no_evidence() -> None:
         assert job.round(policy, t) == []
 
 
-def real_runs_16c() -> list[dict[str, Any]]:
+def real_runs_16c(name: str = "load_reports_16c") -> list[dict[str, Any]]:
     """Load reports of real runs on 4 and 8 workers of a 16-core machine (``about`` in the
-    file says which), per run: ``run`` (the kept trace's name), ``round``, ``workers``."""
-    with gzip.open(Path(__file__).parent / "data" / "load_reports_16c.json.gz", "rt") as f:
+    file says which), per run: ``run`` (the kept trace's name), ``round``, ``workers``.
+    ``load_reports_16c``: logistic regression, 2026-11-27; ``load_reports_16c_steps``:
+    logistic regression and k-means on another such machine, 2026-11-28."""
+    with gzip.open(Path(__file__).parent / "data" / f"{name}.json.gz", "rt") as f:
         return list(json.load(f)["runs"])
 
 
@@ -544,11 +546,15 @@ def test_real_balanced_runs_on_4_and_8_workers_would_move_nothing() -> None:
         assert replay(reports, run["workers"]) == [], (run["run"], run["round"])
 
 
-def test_real_runs_with_a_busy_loop_move_the_competed_workers_partitions_first() -> None:
-    # the same machine, a busy loop on the last worker's core; balancing off (the reports of
-    # the job left alone) and on (the moves it made are in the reports that follow them)
-    competing = [r for r in real_runs_16c() if "_competing" in r["run"]]
-    assert len(competing) == 8
+@pytest.mark.parametrize(("name", "runs"), [("load_reports_16c", 8),
+                                            ("load_reports_16c_steps", 8)])
+def test_real_runs_with_a_busy_loop_move_the_competed_workers_partitions_first(
+        name: str, runs: int) -> None:
+    # a busy loop on the last worker's core; balancing off (the reports of the job left
+    # alone) and on (the moves it made are in the reports that follow them); on the second
+    # machine k-means too, and another worker may be in a spell of slower tasks then
+    competing = [r for r in real_runs_16c(name) if "_competing" in r["run"]]
+    assert len(competing) == runs
     for run in competing:
         last = run["workers"] - 1
         rounds = replay(load_reports(run["traceEvents"]), run["workers"])
