@@ -65,7 +65,11 @@ iterations, and each row gives the partitions the competed worker kept.
 ``--spells 4,8,16`` adds balanced runs in virtual time (no worker slowed for good) where every
 worker has seeded spells of 1.2-1.6x slower tasks lasting 1.5-5 s (3 to 10 load reports),
 ``--spell-rate`` a second each (:func:`spell_noise`), the noise balanced runs showed on a shared
-machine: each row gives the moves of ``--spell-seeds`` runs, where none is the target.
+machine: each row gives the moves of ``--spell-seeds`` runs, where none is the target, and each
+run's time balancing on over balancing off, the same spells in both. ``--spell-s`` and
+``--spell-factors`` set the spells' lengths and how much slower, ``--spell-virtual-s`` each
+run's length (20 virtual seconds; spells of 6-20 s, as one 16-core host showed, want 60 or
+more).
 
 Each run's row also gives each worker's load over the run's last 40% (``worker_load``: busy,
 waiting for a CPU, and how often it polled hot when idle), from its load reports.
@@ -330,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="spells a second of each worker (--spells; default %(default)s)")
     ap.add_argument("--spell-seeds", type=int, default=5,
                     help="seeded runs per worker count (--spells; default %(default)s)")
+    ap.add_argument("--spell-s", default="1.5,5", metavar="LO,HI",
+                    help="how long each spell lasts, seconds (--spells; default %(default)s)")
+    ap.add_argument("--spell-factors", default="1.2,1.6", metavar="LO,HI",
+                    help="how much slower a worker's tasks run in a spell (--spells; default "
+                         "%(default)s)")
+    ap.add_argument("--spell-virtual-s", type=float, default=20.0,
+                    help="each --spells run's length in virtual seconds (default %(default)s)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
     ap.add_argument("--plot", default=None, metavar="DIR", help="write the charts here")
     ap.add_argument("--timeout", type=int, default=300)
@@ -347,15 +358,19 @@ def main(argv: list[str] | None = None) -> int:
         ppws = [int(p) for p in args.micro_ppws.split(",") if p]
     except ValueError:
         ppws = [0]
+    spell_s, spell_factors = span(args.spell_s), span(args.spell_factors)
     if (args.micro_factor < 1 or args.factor < 1 or args.workers < 2 or args.ppw < 1
             or any(w < 2 for w in virtual + spelled + competed) or not ppws
             or any(p < 1 for p in ppws) or not args.spell_rate > 0 or args.spell_seeds < 1
-            or not 0 < args.partition_ms < math.inf or args.micro_rounds < 1):
+            or not 0 < args.partition_ms < math.inf or args.micro_rounds < 1
+            or spell_s is None or not spell_s[0] > 0 or spell_factors is None
+            or not spell_factors[0] >= 1 or not 0 < args.spell_virtual_s < math.inf):
         ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2, "
                  "--ppw, --micro-rounds and every --micro-ppws count >= 1, --virtual, "
                  "--virtual-competing and "
-                 "--spells worker counts of 2 or more, --spell-rate > 0, --spell-seeds >= 1 "
-                 "and --partition-ms > 0")
+                 "--spells worker counts of 2 or more, --spell-rate > 0, --spell-seeds >= 1, "
+                 "--spell-s LO,HI with 0 < LO <= HI, --spell-factors LO,HI with 1 <= LO <= HI, "
+                 "--spell-virtual-s > 0 and --partition-ms > 0")
     W = args.workers
     slow = W - 1
     if args.keep_traces:
@@ -468,8 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         summary.setdefault("virtual_competing_over_ideal", {})[str(w)] = row["over_ideal"]
     for w in spelled:
-        row = spells_run(w, args.ppw, args.spell_rate, args.spell_seeds,
-                         60 if args.quick else 2500)
+        iters = 60 if args.quick else max(int(args.spell_virtual_s / (args.ppw * 1e-3)), 10)
+        row = spells_run(w, args.ppw, args.spell_rate, args.spell_seeds, iters,
+                         spell_s, spell_factors)
         print(json.dumps(row), flush=True)
         summary.setdefault("spells_runs_with_moves", {})[str(w)] = row["runs_with_moves"]
     print(json.dumps(summary), flush=True)
@@ -614,18 +630,38 @@ def spell_noise(workers: int, rate: float, seed: int, horizon_s: float = 3600.0,
     return noise
 
 
-def spells_run(workers: int, ppw: int, rate: float, seeds: int, iters: int) -> dict[str, Any]:
+def spells_run(workers: int, ppw: int, rate: float, seeds: int, iters: int,
+               lasting_s: tuple[float, float] = (1.5, 5.0),
+               factors: tuple[float, float] = (1.2, 1.6)) -> dict[str, Any]:
     """Balanced logistic regression on ``workers`` virtual workers (as :func:`virtual_run`, no
     worker slowed for good), every worker with spells of slower tasks
-    (:func:`spell_noise`), ``seeds`` seeded runs, balancing on: the moves each made (target:
-    none). One row."""
-    moves = [virtual_lr(workers, ppw, iters, True,
-                        noise=spell_noise(workers, rate, seed)).job.migrations
-             for seed in range(seeds)]
+    (:func:`spell_noise`: ``lasting_s`` long, ``factors`` times slower), ``seeds`` seeded
+    runs, balancing on and off: the moves each made (target: none) and its time on over off
+    (``on_over_off``: what the moves cost or saved). One row."""
+    moves, ratio = [], []
+    for seed in range(seeds):
+        took = {}
+        for balance in (True, False):
+            run = virtual_lr(workers, ppw, iters, balance,
+                             noise=spell_noise(workers, rate, seed, factors=factors,
+                                               lasting_s=lasting_s))
+            took[balance] = run.iteration_ends()[-1]
+            if balance:
+                moves.append(run.job.migrations)
+        ratio.append(round(took[True] / took[False], 4))
     return {"app": "logistic_regression", "scenario": "spells", "workers": workers, "ppw": ppw,
-            "spell_rate_per_s": rate, "iterations": iters,
-            "virtual_s": round(iters * ppw * 1e-3, 2), "moves": moves,
-            "runs_with_moves": sum(m > 0 for m in moves)}
+            "spell_rate_per_s": rate, "spell_s": list(lasting_s), "spell_factors": list(factors),
+            "iterations": iters, "virtual_s": round(iters * ppw * 1e-3, 2), "moves": moves,
+            "runs_with_moves": sum(m > 0 for m in moves), "on_over_off": ratio}
+
+
+def span(text: str) -> tuple[float, float] | None:
+    """``"LO,HI"`` as two numbers with LO <= HI, or None."""
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return (lo, hi) if lo <= hi < math.inf else None
 
 
 def ideal_ms(workers: int, equal_ms: float, factor: float) -> float:

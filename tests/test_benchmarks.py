@@ -544,6 +544,21 @@ def test_straggler_spells_prints_the_moves_of_each_seeded_run() -> None:
     assert (row["scenario"], row["workers"], row["ppw"]) == ("spells", 3, 2)
     assert len(row["moves"]) == 2 and row["runs_with_moves"] == sum(m > 0 for m in row["moves"])
     assert rows[-1]["spells_runs_with_moves"] == {"3": row["runs_with_moves"]}
+    # each run's time beside the same run with balancing off
+    assert len(row["on_over_off"]) == 2 and all(r > 0 for r in row["on_over_off"])
+    assert (row["spell_s"], row["spell_factors"]) == ([1.5, 5.0], [1.2, 1.6])
+
+
+def test_straggler_spells_of_a_given_length_and_factor_cost_what_their_moves_cost() -> None:
+    from benchmarks.straggler import spells_run
+
+    # spells that slow nothing (a factor of 1, however long) move nothing, and on and off
+    # take the same time; long spells of 3x slower tasks (8 virtual seconds, spells of 10-20)
+    # move partitions, and then the times differ
+    still = spells_run(3, 4, 0.2, 1, 2000, lasting_s=(10.0, 20.0), factors=(1.0, 1.0))
+    assert still["moves"] == [0] and still["on_over_off"] == [1.0]
+    moved = spells_run(3, 4, 0.2, 1, 2000, lasting_s=(10.0, 20.0), factors=(3.0, 3.0))
+    assert moved["moves"][0] > 0 and moved["on_over_off"][0] != 1.0
 
 
 def test_spell_noise_slows_each_worker_in_its_own_seeded_spells() -> None:
@@ -752,7 +767,10 @@ def test_competed_share_runs_kmeans_placements_on_the_machine_only(tmp_path: Pat
                                  ["--virtual-competing", "1"], ["--partition-ms", "0"],
                                  ["--virtual", "eight"], ["--micro-ppws", "4,0"],
                                  ["--micro-ppws", "eight"], ["--micro-ppws", ""],
-                                 ["--micro-rounds", "0"]])
+                                 ["--micro-rounds", "0"], ["--spell-s", "5,1.5"],
+                                 ["--spell-s", "0,5"], ["--spell-s", "5"],
+                                 ["--spell-factors", "0.8,1.6"], ["--spell-factors", "a,b"],
+                                 ["--spell-virtual-s", "0"]])
 def test_straggler_rejects_settings_it_cannot_model(
         bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     # in-process, as test_apps_needs_a_baseline_run: the check is main()'s; that the script
