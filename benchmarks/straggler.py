@@ -83,7 +83,7 @@ reports can be replayed through a changed policy offline (``benchmarks/replay_ba
     python benchmarks/straggler.py --micro --plot docs/img/performance  # + ~5 min
     python benchmarks/straggler.py --apps "" --micro --micro-rounds 3   # ~15 min
     python benchmarks/straggler.py --apps "" --virtual 3,8,16            # ~15 s
-    python benchmarks/straggler.py --apps "" --spells 2,4,8,16           # ~3 min
+    python benchmarks/straggler.py --apps "" --spells 2,4,8,16           # ~8 min
     python benchmarks/straggler.py --apps "" --virtual-competing 2,4,8   # ~2 min
     python benchmarks/straggler.py --quick                               # tiny (tests)
 """
