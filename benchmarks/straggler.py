@@ -12,7 +12,9 @@ the time of its tasks, stays the same at any count:
   (``CANARY_SLOWDOWN``, the engine spins for the difference);
 * ``competing``: a busy loop pinned to the last worker's core, every worker pinned to a core of
   its own (``os.sched_setaffinity``) and the controller to one more core where there is one,
-  else to the first worker's, so the last worker gets about half of its core. Its reference
+  else to the first worker's, so the last worker gets about half of its core (``--hog-duty
+  D``: the loop spins ``D`` of every 10 ms and sleeps the rest, a process that takes less of
+  the core; 1 by default). Its reference
   is ``equal_pinned``, a run pinned the same way without the busy loop (balancing on), so
   that the ideal comes from the same placement: on a 16-core virtual machine the pinned runs
   of 8 workers ran slower all through than the unpinned equal run, beyond what the one
@@ -175,10 +177,17 @@ def pinned_child() -> int:
     return 0
 
 
-def busy_loop(core: int) -> subprocess.Popen[bytes]:
-    """A process spinning on ``core`` until killed: a competing job on that machine."""
-    code = (f"import os; os.sched_setaffinity(0, {{{core}}})\n"
-            "while True:\n    pass\n")
+def busy_loop(core: int, duty: float = 1.0) -> subprocess.Popen[bytes]:
+    """A process on ``core`` until killed, spinning ``duty`` of every 10 ms and sleeping the
+    rest (all the time at 1): a competing job on that machine."""
+    code = f"import os, time; os.sched_setaffinity(0, {{{core}}})\n"
+    if duty >= 1:
+        code += "while True:\n    pass\n"
+    else:
+        code += ("while True:\n"
+                 f"    end = time.perf_counter() + {duty * 0.01!r}\n"
+                 "    while time.perf_counter() < end:\n        pass\n"
+                 f"    time.sleep({(1 - duty) * 0.01!r})\n")
     return subprocess.Popen([sys.executable, "-c", code])
 
 
@@ -311,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ppw", type=int, default=8, help="partitions per worker")
     ap.add_argument("--factor", type=float, default=3.0)
     ap.add_argument("--scenarios", default="slowdown,competing")
+    ap.add_argument("--hog-duty", type=float, default=1.0,
+                    help="the competing process spins this fraction of every 10 ms and sleeps "
+                         "the rest (default %(default)s: a busy loop)")
     ap.add_argument("--micro", action="store_true", help="add the micropartitioning sweep")
     ap.add_argument("--micro-factor", type=float, default=2.0,
                     help="how much slower the last worker is in the sweep")
@@ -364,13 +376,14 @@ def main(argv: list[str] | None = None) -> int:
             or any(p < 1 for p in ppws) or not args.spell_rate > 0 or args.spell_seeds < 1
             or not 0 < args.partition_ms < math.inf or args.micro_rounds < 1
             or spell_s is None or not spell_s[0] > 0 or spell_factors is None
-            or not spell_factors[0] >= 1 or not 0 < args.spell_virtual_s < math.inf):
+            or not spell_factors[0] >= 1 or not 0 < args.spell_virtual_s < math.inf
+            or not 0 < args.hog_duty <= 1):
         ap.error("--factor and --micro-factor must be >= 1 (how much slower), --workers >= 2, "
                  "--ppw, --micro-rounds and every --micro-ppws count >= 1, --virtual, "
                  "--virtual-competing and "
                  "--spells worker counts of 2 or more, --spell-rate > 0, --spell-seeds >= 1, "
                  "--spell-s LO,HI with 0 < LO <= HI, --spell-factors LO,HI with 1 <= LO <= HI, "
-                 "--spell-virtual-s > 0 and --partition-ms > 0")
+                 "--spell-virtual-s > 0, --hog-duty in (0, 1] and --partition-ms > 0")
     W = args.workers
     slow = W - 1
     if args.keep_traces:
@@ -381,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"summary": "straggler", "workers": W, "ppw": args.ppw,
-                               "factor": args.factor, "target": TARGET,
+                               "factor": args.factor, "hog_duty": args.hog_duty,
+                               "target": TARGET,
                                "cpus": len(os.sched_getaffinity(0))}
     for app in [a for a in args.apps.split(",") if a]:
         data, iters, qdata, qiters = APPS[app]
@@ -408,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             env = {"CANARY_SLOWDOWN": f"{slow}:{args.factor:g}"} if scenario == "slowdown" else {}
             got: dict[bool, dict[str, Any]] = {}
             for balance in (False, True):
-                hog = busy_loop(worker_core(slow)) if scenario == "competing" else None
+                hog = (busy_loop(worker_core(slow), args.hog_duty) if scenario == "competing"
+                       else None)
                 try:
                     got[balance] = run(app, argv_app, iters, W, balance, env,
                                        scenario == "competing", args.timeout,

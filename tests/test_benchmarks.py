@@ -10,6 +10,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -586,6 +587,40 @@ def test_straggler_puts_a_competing_busy_loop_on_its_workers_core() -> None:
         [cores[w % len(cores)] for w in range(2 * len(cores) + 1)]
 
 
+def test_straggler_competing_process_spins_only_its_duty_and_sleeps_the_rest() -> None:
+    from benchmarks.straggler import busy_loop
+
+    core = sorted(os.sched_getaffinity(0))[-1]
+
+    def state(pid: int) -> tuple[str, str]:
+        """Its state as the kernel sees it (R running or runnable, S asleep), and the cores
+        it may run on."""
+        with open(f"/proc/{pid}/stat") as f:
+            run = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/status") as f:
+            cores = next(line for line in f if line.startswith("Cpus_allowed_list")).split()[1]
+        return run, cores
+
+    for duty, sleeps in ((1.0, False), (0.2, True)):
+        hog = busy_loop(core, duty)
+        try:
+            for _ in range(3000):  # its loop begins once it is on its core
+                if state(hog.pid)[1] == str(core) or hog.poll() is not None:
+                    break
+                time.sleep(0.01)
+            assert hog.poll() is None and state(hog.pid)[1] == str(core)
+            states = set()
+            for _ in range(300):
+                states.add(state(hog.pid)[0])
+                if sleeps and states >= {"R", "S"}:
+                    break
+                time.sleep(0.002)
+        finally:
+            hog.kill()
+            hog.wait()
+        assert states == ({"R", "S"} if sleeps else {"R"})
+
+
 def test_straggler_gives_the_controller_a_core_of_its_own_where_there_is_one() -> None:
     from benchmarks.straggler import controller_core
 
@@ -770,7 +805,8 @@ def test_competed_share_runs_kmeans_placements_on_the_machine_only(tmp_path: Pat
                                  ["--micro-rounds", "0"], ["--spell-s", "5,1.5"],
                                  ["--spell-s", "0,5"], ["--spell-s", "5"],
                                  ["--spell-factors", "0.8,1.6"], ["--spell-factors", "a,b"],
-                                 ["--spell-virtual-s", "0"]])
+                                 ["--spell-virtual-s", "0"], ["--hog-duty", "0"],
+                                 ["--hog-duty", "1.5"]])
 def test_straggler_rejects_settings_it_cannot_model(
         bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     # in-process, as test_apps_needs_a_baseline_run: the check is main()'s; that the script
