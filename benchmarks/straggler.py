@@ -394,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"summary": "straggler", "workers": W, "ppw": args.ppw,
-                               "factor": args.factor, "hog_duty": args.hog_duty,
-                               "target": TARGET,
+                               "factor": args.factor, "target": TARGET,
                                "cpus": len(os.sched_getaffinity(0))}
     for app in [a for a in args.apps.split(",") if a]:
         data, iters, qdata, qiters = APPS[app]
@@ -422,8 +421,10 @@ def main(argv: list[str] | None = None) -> int:
             env = {"CANARY_SLOWDOWN": f"{slow}:{args.factor:g}"} if scenario == "slowdown" else {}
             got: dict[bool, dict[str, Any]] = {}
             for balance in (False, True):
-                hog = (busy_loop(worker_core(slow), args.hog_duty) if scenario == "competing"
-                       else None)
+                hog = None
+                if scenario == "competing":
+                    hog = busy_loop(worker_core(slow), args.hog_duty)
+                    summary["hog_duty"] = args.hog_duty
                 try:
                     got[balance] = run(app, argv_app, iters, W, balance, env,
                                        scenario == "competing", args.timeout,
