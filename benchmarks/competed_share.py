@@ -6,14 +6,18 @@ busy loop on worker 1's core. Balancing off; instead, at the controller's first 
 moves leaves worker 1 ``k`` of its 8 partitions (the others go to worker 0), for each ``k`` of ``--keep``;
 the runs of each round go through the ``k`` in turn, beside a reference run without the busy
 loop, and ``--rounds`` rounds alternate. Each row gives the run's median and mean iteration
-over its last 40% (``steady`` and ``steady_mean`` of ``straggler.py``).
+over its last 40% (``steady`` and ``steady_mean`` of ``straggler.py``). ``--hog-duty D`` makes the
+busy process spin ``D`` of every 10 ms and sleep the rest (``straggler.py``'s option). Where
+``--keep`` includes 8 (no move: balancing off), each ``k``'s row gives ``over_ideal_mean``,
+its mean iteration over ``straggler.py``'s ideal from the means (the reference runs, slowed by
+the factor the runs keeping 8 show): what the policy's target asks of that share.
 
 Then the same runs in virtual time (``canary.virtual_runner.SharedCore`` on worker 1, each
 partition's gradient priced at what it took in the reference runs, from their load reports,
 this machine's runtime costs and the state machines' handling as measured here): the
 model's account of the same placements, beside the machine's, and of the run without the busy
-loop (``model_alone_ms``). The model prices logistic regression's gradients: with ``--app
-kmeans`` the rows give the machine's figures only.
+loop (``model_alone_ms``). The model prices logistic regression's gradients beside a busy loop:
+with ``--app kmeans`` or a ``--hog-duty`` below 1 the rows give the machine's figures only.
 
 Prints JSON lines (one per run, then one per ``k`` with the medians over the rounds and the
 model's figures, then a summary with the best ``k`` by mean on each side); ``--plot DIR``
@@ -24,6 +28,7 @@ same from the rows of a results file.
     python benchmarks/competed_share.py --plot DIR       # ~8 min
     python benchmarks/competed_share.py --keep 8,4,0 --rounds 1 --quick
     python benchmarks/competed_share.py --app kmeans --keep 6,5,4,3      # ~5 min
+    python benchmarks/competed_share.py --hog-duty 0.35 --keep 8,5,4,3,2,0   # ~7 min
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from benchmarks.straggler import (  # noqa: E402
     APPS,
     SCRIPT_ENV,
     busy_loop,
+    ideal_ms,
     run,
     steady,
     steady_mean,
@@ -80,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", default=",".join(map(str, KEEP)), metavar="K,K,...",
                     help="partitions worker 1 keeps, each 0 to 8 (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--hog-duty", type=float, default=1.0,
+                    help="the busy process spins this fraction of every 10 ms and sleeps the "
+                         "rest (default 1.0: a busy loop)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--plot", default=None, metavar="DIR", help="write the chart here")
@@ -88,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         keeps = [int(k) for k in args.keep.split(",") if k]
     except ValueError:
         keeps = []
-    if not keeps or any(not 0 <= k <= PPW for k in keeps) or args.rounds < 1:
-        ap.error(f"--keep takes counts from 0 to {PPW} (comma-separated), --rounds >= 1")
+    if (not keeps or any(not 0 <= k <= PPW for k in keeps) or args.rounds < 1
+            or not 0 < args.hog_duty <= 1):
+        ap.error(f"--keep takes counts from 0 to {PPW} (comma-separated), --rounds >= 1, "
+                 "--hog-duty in (0, 1]")
     app = args.app
     data, _, qdata, qiters = APPS[app]
     iters = ITERS[app]
@@ -104,17 +115,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
 
     refs: list[float] = []
+    refs_mean: list[float] = []
     measured: list[float] = []  # a partition's gradient an iteration, from the load reports
     runs: dict[int, list[dict[str, float]]] = {k: [] for k in keeps}
     for r in range(args.rounds):
         ref = run(app, argv_app, iters, WORKERS, False, {}, True, args.timeout)
         refs.append(steady(ref["iteration_ms"]))
+        refs_mean.append(steady_mean(ref["iteration_ms"]))
         if ref["partition_ms"] is not None:
             measured.append(ref["partition_ms"])
         emit({"round": r, "run": "alone", **figures(ref["iteration_ms"])})
         for k in keeps:
             env = {SCRIPT_ENV: json.dumps(script(k))}
-            hog = busy_loop(core)
+            hog = busy_loop(core, args.hog_duty)
             try:
                 got = run(app, argv_app, iters, WORKERS, False, env, True, args.timeout)
             finally:
@@ -129,15 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     alone = statistics.median(refs)
     summary: dict[str, Any] = {"summary": "competed_share", "app": app,
                                "alone_ms": round(alone, 4)}
+    if args.hog_duty < 1:
+        summary["hog_duty"] = args.hog_duty
     model_rows: dict[int, dict[str, float]] = {}
-    if app == "logistic_regression":
+    if app == "logistic_regression" and args.hog_duty >= 1:
         fields, model_rows = model_lr(keeps, measured, alone, args.quick)
         summary.update(fields)
+    ideal = None
+    if PPW in runs:  # keeping all 8 is balancing off: the factor the ideal divides the work by
+        alone_mean = statistics.median(refs_mean)
+        off = statistics.median(x["mean_ms"] for x in runs[PPW])
+        ideal = ideal_ms(WORKERS, alone_mean, max(off / alone_mean, 1.0))
+        summary["ideal_mean_ms"] = round(ideal, 4)
     best: dict[str, tuple[float, int]] = {}
     for k in keeps:
         row = {"keep": k, "median_ms": round(statistics.median(x["median_ms"] for x in runs[k]), 4),
                "mean_ms": round(statistics.median(x["mean_ms"] for x in runs[k]), 4),
                **model_rows.get(k, {})}
+        if ideal is not None:
+            row["over_ideal_mean"] = round(row["mean_ms"] / ideal, 3)
         emit(row)
         for side, key in (("machine", "mean_ms"), ("model", "model_mean_ms")):
             if key in row and (side not in best or row[key] < best[side][0]):
@@ -198,6 +221,8 @@ def plot(rows: list[dict[str, Any]], out: str) -> str:
                       key=lambda r: r["keep"])
     alone = [r["mean_ms"] for r in rows if r.get("run") == "alone"]
     app = next((r["app"] for r in runs if "app" in r), "logistic_regression")
+    duty = next((r["hog_duty"] for r in rows if "hog_duty" in r), 1.0)
+    process = "a busy loop" if duty >= 1 else f"a process spinning {duty:.0%} of"
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.scatter([r["keep"] for r in runs], [r["mean_ms"] for r in runs], s=12, alpha=0.5,
                label="each run")
@@ -209,11 +234,11 @@ def plot(rows: list[dict[str, Any]], out: str) -> str:
                 ls="--", label="the model (SharedCore)")
     if alone:
         ax.axhline(statistics.median(alone), color="k", lw=0.8, ls=":",
-                   label="without the busy loop")
+                   label="without the process")
     ax.set_xlabel(f"partitions worker 1 keeps (of {PPW}; the rest on worker 0)")
     ax.set_ylabel("mean iteration (ms)")
     name = {"logistic_regression": "logistic regression", "kmeans": "k-means"}[app]
-    ax.set_title(f"{name}, 2 workers, a busy loop on worker 1's core", fontsize=9)
+    ax.set_title(f"{name}, 2 workers, {process} worker 1's core", fontsize=9)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -781,6 +781,60 @@ def test_competed_share_leaves_the_competed_worker_each_share_asked_for(tmp_path
     assert proc.returncode == 2 and "--keep takes counts from 0 to 8" in proc.stderr
 
 
+def test_competed_share_runs_a_partial_process_and_gives_each_share_over_the_ideal(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # the runs faked (each placement's iteration times): what is checked is that the process
+    # runs at the duty asked for beside every placement, and each share's figure against the
+    # ideal the reference and the runs keeping 8 give, with no busy-loop model beside them
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import competed_share as cs
+    from benchmarks.straggler import ideal_ms
+
+    hogs: list[tuple[int, float]] = []
+
+    class Hog:
+        def kill(self) -> None:
+            pass
+
+        def wait(self) -> int:
+            return 0
+
+    def busy_loop(core: int, duty: float = 1.0) -> Hog:
+        hogs.append((core, duty))
+        return Hog()
+
+    mean_ms = {8: 3.0, 4: 2.4, 0: 3.6}  # keeping k: iterations of this length, then alone 2.0
+
+    def run(app: str, argv: list[str], iters: int, workers: int, balance: bool,
+            env: dict[str, str], pinned: bool, timeout: int) -> dict[str, Any]:
+        k = cs.PPW - len(json.loads(env[cs.SCRIPT_ENV])) if env else None
+        return {"iteration_ms": [mean_ms[k] if k is not None else 2.0] * 10,
+                "partition_ms": None, "migrations": 0 if k is None else cs.PPW - k}
+
+    monkeypatch.setattr(cs, "busy_loop", busy_loop)
+    monkeypatch.setattr(cs, "run", run)
+    assert cs.main(["--keep", "8,4,0", "--rounds", "1", "--hog-duty", "0.35"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert hogs == [(cs.worker_core(1), 0.35)] * 3
+    summary = rows[-1]
+    ideal = ideal_ms(2, 2.0, 3.0 / 2.0)  # 2.4: the work over a worker 1.5x slower
+    assert summary["hog_duty"] == 0.35 and summary["ideal_mean_ms"] == pytest.approx(ideal)
+    assert "model_alone_ms" not in summary and list(summary["best_keep"]) == ["machine"]
+    per_keep = {r["keep"]: r for r in rows if "keep" in r and "run" not in r}
+    assert {k: r["over_ideal_mean"] for k, r in per_keep.items()} == {8: 1.25, 4: 1.0, 0: 1.5}
+    assert summary["best_keep"]["machine"] == 4
+    # without the runs keeping 8 there is no factor for the ideal: no such figure
+    hogs.clear()
+    assert cs.main(["--app", "kmeans", "--keep", "4", "--rounds", "1"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert hogs == [(cs.worker_core(1), 1.0)]
+    assert "ideal_mean_ms" not in rows[-1] and "hog_duty" not in rows[-1]
+    assert "over_ideal_mean" not in rows[-2]
+    with pytest.raises(SystemExit):
+        cs.main(["--hog-duty", "0"])
+    assert "--hog-duty in (0, 1]" in capsys.readouterr().err
+
+
 def test_competed_share_runs_kmeans_placements_on_the_machine_only(tmp_path: Path) -> None:
     # the model prices logistic regression's gradients: k-means' rows are the machine's
     rows = run_bench("competed_share.py", "--app", "kmeans", "--keep", "8,5", "--rounds", "1",
