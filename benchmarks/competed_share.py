@@ -21,14 +21,15 @@ with ``--app kmeans`` or a ``--hog-duty`` below 1 the rows give the machine's fi
 
 Prints JSON lines (one per run, then one per ``k`` with the medians over the rounds and the
 model's figures, then a summary with the best ``k`` by mean on each side); ``--plot DIR``
-draws ``competed_share.png`` (mean iteration against the partitions kept, each round's runs,
-their median and the model's, beside the run without the busy loop). :func:`plot` draws the
-same from the rows of a results file.
+draws ``competed_share.png`` (``competed_share_kmeans.png`` for k-means; ``_hog_duty`` before
+the ``.png`` beside a partial process): the mean iteration against the partitions kept, each
+round's runs, their median and the model's, beside the run without the process.
+:func:`plot` draws the same from the rows of a results file.
 
     python benchmarks/competed_share.py --plot DIR       # ~8 min
     python benchmarks/competed_share.py --keep 8,4,0 --rounds 1 --quick
     python benchmarks/competed_share.py --app kmeans --keep 6,5,4,3      # ~5 min
-    python benchmarks/competed_share.py --hog-duty 0.35 --keep 8,5,4,3,2,0   # ~7 min
+    python benchmarks/competed_share.py --hog-duty 0.35 --plot DIR       # ~6 min
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != R
 from benchmarks.straggler import (  # noqa: E402
     APPS,
     SCRIPT_ENV,
+    TARGET,
     busy_loop,
     ideal_ms,
     run,
@@ -235,6 +237,10 @@ def plot(rows: list[dict[str, Any]], out: str) -> str:
     if alone:
         ax.axhline(statistics.median(alone), color="k", lw=0.8, ls=":",
                    label="without the process")
+    ideal = next((r["ideal_mean_ms"] for r in rows if "ideal_mean_ms" in r), None)
+    if ideal is not None:  # the balancing target's yardstick, where the runs keeping 8 gave it
+        ax.axhline(ideal, color="k", lw=0.8, ls="--", label="ideal (work over measured speed)")
+        ax.axhline(TARGET * ideal, color="k", lw=0.8, ls="-.", label=f"{TARGET}x the ideal")
     ax.set_xlabel(f"partitions worker 1 keeps (of {PPW}; the rest on worker 0)")
     ax.set_ylabel("mean iteration (ms)")
     name = {"logistic_regression": "logistic regression", "kmeans": "k-means"}[app]
@@ -242,8 +248,8 @@ def plot(rows: list[dict[str, Any]], out: str) -> str:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = os.path.join(out, "competed_share.png" if app == "logistic_regression" else
-                        f"competed_share_{app}.png")
+    name = "competed_share" + ("" if app == "logistic_regression" else f"_{app}")
+    path = os.path.join(out, name + ("" if duty >= 1 else "_hog_duty") + ".png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -782,7 +782,8 @@ def test_competed_share_leaves_the_competed_worker_each_share_asked_for(tmp_path
 
 
 def test_competed_share_runs_a_partial_process_and_gives_each_share_over_the_ideal(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
     # the runs faked (each placement's iteration times): what is checked is that the process
     # runs at the duty asked for beside every placement, and each share's figure against the
     # ideal the reference and the runs keeping 8 give, with no busy-loop model beside them
@@ -813,8 +814,10 @@ def test_competed_share_runs_a_partial_process_and_gives_each_share_over_the_ide
 
     monkeypatch.setattr(cs, "busy_loop", busy_loop)
     monkeypatch.setattr(cs, "run", run)
-    assert cs.main(["--keep", "8,4,0", "--rounds", "1", "--hog-duty", "0.35"]) == 0
+    assert cs.main(["--keep", "8,4,0", "--rounds", "1", "--hog-duty", "0.35",
+                    "--plot", str(tmp_path)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert os.listdir(tmp_path) == ["competed_share_hog_duty.png"]
     assert hogs == [(cs.worker_core(1), 0.35)] * 3
     summary = rows[-1]
     ideal = ideal_ms(2, 2.0, 3.0 / 2.0)  # 2.4: the work over a worker 1.5x slower
