@@ -207,6 +207,17 @@ class ScriptedPolicy:
         return out
 
 
+def pace_kept(gain: float, margin: float) -> str:
+    """What the pace check found of moves it kept, for a progress line: ``gain`` is how much
+    faster the job got (below 0: slower, by at most ``margin``, the undo margin). The figure is
+    said so that a user can tell a gain from noise the margin let pass."""
+    if gain >= 0.005:
+        return f"got {gain:.0%} faster"
+    if gain > -0.005:
+        return "kept its pace"
+    return f"kept its pace within {margin:.0%} ({-gain:.0%} slower)"
+
+
 @dataclass
 class _Partition:
     cost: float = 0.0  # smoothed fraction of its holder's time (its share of the active time)
@@ -671,7 +682,8 @@ class BalancePolicy:
             return self._judge_share(share, moved, before, after, ctrl)
         if before <= 0 or after >= (1 - self.undo_margin) * before:
             if drained is not None and drained not in self.drained:
-                return self._try_share(_ShareTrial(drained, moved, +1), after, ctrl)
+                return self._try_share(_ShareTrial(drained, moved, +1), after, ctrl,
+                                       after / before - 1 if before > 0 else 0.0)
             return []
         halved = drained if drained is not None and drained not in self.drained else None
         if drained is not None:
@@ -733,7 +745,8 @@ class BalancePolicy:
     def _try_share(self, trial: _ShareTrial, pace: float, ctrl: Any, gain: float = 0.0
                    ) -> list[tuple[int, int, int, str]]:
         """The next step of ``trial``, the job's pace before it ``pace`` (``gain``: how much
-        faster the step before made it, for the progress line): one partition of the
+        faster the step or halving before made it, below 0 if slower, for the progress
+        line): one partition of the
         halving moves back onto the halved worker (step +1; from the busiest worker holding
         one, whose load the job waits for; among equals the last moved, the lightest), or off
         it again (step -1; to the least loaded of the workers the halving gave them to, among
@@ -789,9 +802,10 @@ class BalancePolicy:
                    f"{worker} made the job {gain:.0%} faster: trying partition {i} "
                    f"{'back on it' if trial.step > 0 else f'off it too, on worker {dst}'} ({kept})")
         else:
-            why = (f"half of worker {worker}'s share moved and the job kept its pace or got "
-                   f"faster: trying partition {i} back on it (a share that runs within the "
-                   f"other process's turns may take one more; {kept})")
+            why = (f"half of worker {worker}'s share moved and the job "
+                   f"{pace_kept(gain, self.undo_margin)}: trying "
+                   f"partition {i} back on it (a share that runs within the other process's "
+                   f"turns may take one more; {kept})")
         return [(g, i, dst, why)]
 
     def _may_empty(self, trial: _ShareTrial) -> bool:

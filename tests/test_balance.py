@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from benchmarks.replay_balance import replay
-from canary.controller.balance import BalancePolicy, ChaosPolicy, ScriptedPolicy
+from canary.controller.balance import BalancePolicy, ChaosPolicy, ScriptedPolicy, pace_kept
 from canary.messages import LoadReport
 from canary.trace import load_reports
 
@@ -840,10 +840,17 @@ def test_a_halved_worker_is_given_partitions_back_one_at_a_time_while_the_job_ge
     assert job.period() == 11.0 and not job.lagging()  # 12 with the halving alone
     probes = [why for why in said if "trying partition" in why]
     assert len(probes) == 2 and probes[0].startswith("half of worker 1's share moved and the "
-                                                     "job kept its pace or got faster")
+                                                     "job got 17% faster: trying partition 11 ")
     assert probes[1].startswith("the last partition back on worker 1 made the job 9% faster: "
                                 "trying partition ")
     assert len([why for why in said if "back on worker 1 made the job 3" in why]) == 1
+
+
+def test_a_kept_halving_says_what_the_pace_check_measured() -> None:
+    # a kept halving's line says the figure: a gain, or the slowing the undo margin let pass
+    assert pace_kept(0.17, 0.05) == "got 17% faster"
+    assert pace_kept(0.001, 0.05) == pace_kept(-0.004, 0.05) == "kept its pace"
+    assert pace_kept(-0.03, 0.05) == "kept its pace within 5% (3% slower)"
 
 
 @pytest.mark.parametrize(("lost", "shares"), [
@@ -884,7 +891,7 @@ def test_a_kept_halving_whose_emptying_no_longer_fits_is_followed_by_the_share_t
     assert [n for n, _ in itertools.groupby(held)] == shares
     halving = [why for why in said if "moving half of it" in why]
     assert halving and all("the others could take all of its share" in why for why in halving)
-    assert any(why.startswith("half of worker 1's share moved and the job kept its pace")
+    assert any(re.match(r"half of worker 1's share moved and the job got \d+% faster", why)
                for why in said)
     assert policy.drained == set()
     # the best whole-partition split: the others share the rest as evenly as partitions allow
