@@ -87,8 +87,9 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    wrong (a worker that loses its CPU to another process in short bursts loses about as much
    time whatever it holds), so the partitions go back where they were and the policy makes no
    move for ``quiet_rounds`` (20) rounds of reports, twice that after a second undo, and so on.
-   A snapshot started in between (``ctrl.snapshots_started`` changed: the workers stood still
-   to write it) voids the check.
+   Moves it keeps are said, with the figure (:attr:`BalancePolicy.notes`), unless the next
+   move's reason gives it. A snapshot started in between (``ctrl.snapshots_started`` changed:
+   the workers stood still to write it) voids the check.
 7. A worker that loses more than ``drain_wait`` (25%) of its time waiting for a CPU, after a
    round of moves already cut its share (or tried to), holds every iteration back: between
    its tasks it answers messages late, and inside them the other process takes its turns
@@ -681,9 +682,15 @@ class BalancePolicy:
         if share is not None:
             return self._judge_share(share, moved, before, after, ctrl)
         if before <= 0 or after >= (1 - self.undo_margin) * before:
+            gain = after / before - 1 if before > 0 else 0.0
             if drained is not None and drained not in self.drained:
-                return self._try_share(_ShareTrial(drained, moved, +1), after, ctrl,
-                                       after / before - 1 if before > 0 else 0.0)
+                step = self._try_share(_ShareTrial(drained, moved, +1), after, ctrl, gain)
+                if step:  # its line gives the figure
+                    return step
+            if before > 0:  # a user who saw the moves hears whether they paid
+                self.notes.append(f"the job {pace_kept(gain, self.undo_margin)} after the last "
+                                  f"{len(moved)} move{'s' if len(moved) > 1 else ''}: "
+                                  f"{'they stay' if len(moved) > 1 else 'it stays'}")
             return []
         halved = drained if drained is not None and drained not in self.drained else None
         if drained is not None:
@@ -834,6 +841,11 @@ class BalancePolicy:
             step = self._try_share(trial, after, ctrl, after / before - 1)
             if step:
                 return step
+            i = moved[0][1]
+            self.notes.append(f"the job got {after / before - 1:.0%} faster after partition {i} "
+                              f"moved {'back on' if trial.step > 0 else 'off'} worker "
+                              f"{trial.worker}: it stays, and the trial of worker "
+                              f"{trial.worker}'s share ends")
             self._end_share_trial(trial, kept=True)
             return []
         back = self._move_back(moved, ctrl, lambda i, src, dst: (

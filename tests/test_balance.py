@@ -769,9 +769,33 @@ def test_a_held_worker_that_blocks_every_move_is_named_once() -> None:
     policy = BalancePolicy(2)
     for r in range(40):
         job.round(policy, r * 0.5)
-    assert len(policy.notes) == 1
-    assert "worker(s) 1 had partitions moved off for being slower and take none back" \
-        in policy.notes[0]
+    blocked = [n for n in policy.notes if "no partition moves" in n]
+    assert len(blocked) == 1
+    assert "worker(s) 1 had partitions moved off for being slower and take none back" in blocked[0]
+
+
+def test_moves_the_pace_check_keeps_are_said_with_its_figure() -> None:
+    # a user who saw partitions move hears whether they paid: a round of moves kept, and the
+    # last step of a share trial kept
+    job = Job([1 / 3, 1.0], uniform(2, 8))
+    policy = BalancePolicy(2)
+    notes: list[str] = []
+    for r in range(60):
+        job.round(policy, r * 0.5)
+        notes += policy.notes
+        policy.notes.clear()
+    assert len(job.moves) == 4
+    assert notes == ["the job got 100% faster after the last 4 moves: they stay"]
+    job = CompetedJob(1, 0.55, True, speeds=[1.0, 1.0], parts=uniform(2, 8))
+    policy = BalancePolicy(2)
+    notes = []
+    for r in range(150):
+        job.round(policy, r * 0.5)
+        notes += policy.notes
+        policy.notes.clear()
+    assert notes == ["the job got 33% faster after the last 2 moves: they stay",
+                     "the job got 8% faster after partition 11 moved back on worker 1: it "
+                     "stays, and the trial of worker 1's share ends"]
 
 
 class SharedLagJob(LaggingJob):
