@@ -85,6 +85,15 @@ class Job:
             policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, False), now)
         return self.decide(policy, now)
 
+    def notes(self, policy: BalancePolicy, rounds: int) -> list[str]:
+        """The policy's notes (lines of the job's progress output) over ``rounds`` rounds."""
+        said: list[str] = []
+        for r in range(rounds):
+            self.round(policy, r * 0.5)
+            said += policy.notes
+            policy.notes.clear()
+        return said
+
     def decide(self, policy: BalancePolicy, now: float) -> list[tuple[int, int, int, str]]:
         """The policy's moves after a round's reports, done by the next round."""
         moves = policy.decide(now, self.ctrl)
@@ -398,12 +407,7 @@ def test_an_imbalance_no_move_can_help_is_said_once_with_the_reason() -> None:
     # Worker 0 is 3x slower, but worker 1 shares its core with another process: nothing may go
     # there. A user who slowed worker 0 saw nothing move and no word of why.
     job = CompetedJob(1, 0.3, True, speeds=[1 / 3, 1.0], parts=uniform(2, 8))
-    policy = BalancePolicy(2)
-    notes = []
-    for r in range(80):
-        job.round(policy, r * 0.5)
-        notes += policy.notes
-        policy.notes.clear()
+    notes = job.notes(BalancePolicy(2), 80)
     assert not job.moves and len(notes) == 1
     assert notes[0].startswith("worker 0 is the busiest (")
     assert "but no partition moves: every worker it could go to loses more of its time " \
@@ -778,22 +782,11 @@ def test_moves_the_pace_check_keeps_are_said_with_its_figure() -> None:
     # a user who saw partitions move hears whether they paid: a round of moves kept, and the
     # last step of a share trial kept
     job = Job([1 / 3, 1.0], uniform(2, 8))
-    policy = BalancePolicy(2)
-    notes: list[str] = []
-    for r in range(60):
-        job.round(policy, r * 0.5)
-        notes += policy.notes
-        policy.notes.clear()
+    assert job.notes(BalancePolicy(2), 60) == [
+        "the job got 100% faster after the last 4 moves: they stay"]
     assert len(job.moves) == 4
-    assert notes == ["the job got 100% faster after the last 4 moves: they stay"]
     job = CompetedJob(1, 0.55, True, speeds=[1.0, 1.0], parts=uniform(2, 8))
-    policy = BalancePolicy(2)
-    notes = []
-    for r in range(150):
-        job.round(policy, r * 0.5)
-        notes += policy.notes
-        policy.notes.clear()
-    assert notes == ["the job got 33% faster after the last 2 moves: they stay",
+    assert job.notes(BalancePolicy(2), 150) == ["the job got 33% faster after the last 2 moves: they stay",
                      "the job got 8% faster after partition 11 moved back on worker 1: it "
                      "stays, and the trial of worker 1's share ends"]
 
