@@ -11,7 +11,9 @@ the time of its tasks, stays the same at any count:
 * ``slowdown``: the last worker's tasks take ``--factor`` (3) times as long
   (``CANARY_SLOWDOWN``, the engine spins for the difference);
 * ``competing``: a busy loop pinned to the last worker's core, every worker pinned to a core of
-  its own (``os.sched_setaffinity``) and the controller to one more core where there is one,
+  its own (``os.sched_setaffinity``; a physical core each where there are enough, hardware
+  threads of one core last: :func:`core_order`) and the controller to one more core where
+  there is one,
   else to the first worker's, so the last worker gets about half of its core (``--hog-duty
   D``: the loop spins ``D`` of every 10 ms and sleeps the rest, a process that takes less of
   the core; 1 by default). Its reference
@@ -20,7 +22,8 @@ the time of its tasks, stays the same at any count:
   of 8 workers ran slower all through than the unpinned equal run, beyond what the one
   competed worker explains (once it held nothing, 4.6 ms an iteration at the 10th percentile
   against 2.4 ms), at a time when a pinned worker never polled hot when idle
-  (``canary.idle.has_own_core`` now lets it).
+  (``canary.idle.has_own_core`` now lets it) and ranks were pinned in CPU order, which on a
+  machine that numbers a core's hardware threads together puts two workers on one core.
 
 Each run's iterations are timed from the workers' own records of the loop test
 (``CANARY_TRACE_LEVEL=loop``) and each move from its trace span. The **ideal** iteration time
@@ -133,11 +136,40 @@ TARGET = 1.15
 SCRIPT_ENV = "STRAGGLER_SCRIPTED_MOVES"
 
 
+def physical_core(cpu: int) -> tuple[str, str] | int:
+    """The physical core ``cpu`` (a logical CPU) belongs to, as Linux's sysfs names it (its
+    package and core ids); the CPU itself where the topology is not there to read."""
+    topology = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+    try:
+        with open(topology + "physical_package_id") as f, open(topology + "core_id") as g:
+            return f.read().strip(), g.read().strip()
+    except OSError:
+        return cpu
+
+
+def core_order(cpus: list[int], core_of: Callable[[int], object] = physical_core) -> list[int]:
+    """``cpus`` (logical CPUs) in the order pinned ranks take them: the first CPU of each
+    physical core (``core_of``), in CPU order, then the cores' other hardware threads. So ranks
+    get a physical core each where there are enough: two hardware threads of one core (SMT,
+    hyper-threading) share its units, and ranks pinned to siblings run each other's work
+    slower, a pinned reference run slower than an unpinned one and its ideal too high. Where
+    siblings are numbered apart (0 and 8 on 8 cores) that is the CPU order; where they are
+    numbered together (0 and 1), it is every other CPU first."""
+    first: list[int] = []
+    siblings: list[int] = []
+    seen: set[object] = set()
+    for cpu in sorted(cpus):
+        core = core_of(cpu)
+        (siblings if core in seen else first).append(cpu)
+        seen.add(core)
+    return first + siblings
+
+
 def worker_core(worker: int) -> int:
     """The core a pinned run puts ``worker`` on (:func:`pinned_child`), and so the core a busy
-    loop competing with it must take: the worker's place among the cores this process may use,
-    round and round."""
-    cores = sorted(os.sched_getaffinity(0))
+    loop competing with it must take: the worker's place in :func:`core_order` of the CPUs this
+    process may use, round and round."""
+    cores = core_order(sorted(os.sched_getaffinity(0)))
     return cores[worker % len(cores)]
 
 

@@ -580,11 +580,40 @@ def test_spell_noise_slows_each_worker_in_its_own_seeded_spells() -> None:
 def test_straggler_puts_a_competing_busy_loop_on_its_workers_core() -> None:
     # the pinned child and the busy loop use one mapping, which wraps round the cores this
     # process may use (more workers than cores, or an affinity narrower than the machine)
-    from benchmarks.straggler import worker_core
+    from benchmarks.straggler import core_order, worker_core
 
-    cores = sorted(os.sched_getaffinity(0))
+    cores = core_order(sorted(os.sched_getaffinity(0)))
+    assert sorted(cores) == sorted(os.sched_getaffinity(0))
     assert [worker_core(w) for w in range(2 * len(cores) + 1)] == \
         [cores[w % len(cores)] for w in range(2 * len(cores) + 1)]
+
+
+def test_pinned_ranks_take_a_physical_core_each_before_any_sibling() -> None:
+    # two hardware threads of one core share it: 4 workers pinned to CPUs 0-3 of a machine
+    # numbering siblings together would get 2 cores' worth
+    from benchmarks.straggler import core_order, physical_core
+
+    together = {c: c // 2 for c in range(8)}  # (0, 1), (2, 3), ... share a core
+    apart = {c: c % 4 for c in range(8)}  # (0, 4), (1, 5), ...
+    assert core_order(list(range(8)), together.__getitem__) == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert core_order(list(range(8)), apart.__getitem__) == list(range(8))
+    assert core_order([5, 1, 3], lambda c: c) == [1, 3, 5]  # no SMT: CPU order
+    # an affinity that holds one thread of a core and both of another
+    assert core_order([1, 2, 3], together.__getitem__) == [1, 2, 3]
+    assert core_order([0, 1, 2], together.__getitem__) == [0, 2, 1]
+    # read from sysfs on Linux: hardware threads of one core (the kernel's sibling lists) share
+    # a name and no others do; the CPU's own number where there is no topology
+    cpus = sorted(os.sched_getaffinity(0))
+    for cpu in cpus:
+        listed = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        if listed.exists():
+            siblings = set()
+            for part in listed.read_text().strip().split(","):
+                lo, _, hi = part.partition("-")
+                siblings |= set(range(int(lo), int(hi or lo) + 1))
+            assert {c for c in cpus if physical_core(c) == physical_core(cpu)} == \
+                siblings & set(cpus)
+    assert physical_core(10**6) == 10**6
 
 
 def test_straggler_competing_process_spins_only_its_duty_and_sleeps_the_rest() -> None:
@@ -622,9 +651,9 @@ def test_straggler_competing_process_spins_only_its_duty_and_sleeps_the_rest() -
 
 
 def test_straggler_gives_the_controller_a_core_of_its_own_where_there_is_one() -> None:
-    from benchmarks.straggler import controller_core
+    from benchmarks.straggler import controller_core, core_order
 
-    cores = sorted(os.sched_getaffinity(0))
+    cores = core_order(sorted(os.sched_getaffinity(0)))
     assert controller_core(len(cores)) == cores[0]  # no spare core: the first worker's
     if len(cores) > 1:
         assert controller_core(len(cores) - 1) == cores[-1]  # the one the workers leave
