@@ -11,8 +11,10 @@ are those of the run as it went, not of the placement the moves would have made.
 "would this policy have moved in this run, when, and on what evidence?", for instance whether a
 change to the policy keeps a balanced run still, on the reports of a run made elsewhere.
 
-Prints JSON lines: one per round of moves, then a summary (``reports``, ``workers``, ``rounds``,
-``first_move_s``).
+Prints JSON lines: one per round of moves and one per note of the policy (what its pace check
+kept, with the figure; why no move could help), in order, then a summary (``reports``,
+``workers``, ``rounds`` of moves, ``first_move_s``). Replaying a run made with balancing on
+gives its pace checks' figures on the placements the run had.
 
     python benchmarks/replay_balance.py trace.json
     python benchmarks/replay_balance.py trace.json --set threshold=0.2 --set patience=6
@@ -47,10 +49,11 @@ class NoMoves:
 def replay(reports: list[tuple[float, Any]], n_workers: int,
            **policy_args: float) -> list[dict[str, Any]]:
     """The rounds of moves ``BalancePolicy(n_workers, **policy_args)`` makes on ``reports``
-    (``(seconds, LoadReport)`` pairs in the order received), asked after each report."""
+    (``(seconds, LoadReport)`` pairs in the order received), asked after each report, and its
+    notes (``{"at_s", "note"}``: the lines of the job's progress output that are not moves)."""
     policy = BalancePolicy(n_workers, **policy_args)  # type: ignore[arg-type]
     ctrl = NoMoves()
-    rounds = []
+    rounds: list[dict[str, Any]] = []
     for t, rep in reports:
         policy.report(rep, t)
         moves = policy.decide(t, ctrl)
@@ -58,6 +61,9 @@ def replay(reports: list[tuple[float, Any]], n_workers: int,
             rounds.append({"at_s": round(t, 3),
                            "moves": [{"group": g, "index": i, "to": dst, "why": why}
                                      for g, i, dst, why in moves]})
+        # its progress lines: what the pace check kept, and why nothing could move
+        rounds += [{"at_s": round(t, 3), "note": note} for note in policy.notes]
+        policy.notes.clear()
     return rounds
 
 
@@ -91,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--set: {e}")
     for r in rounds:
         print(json.dumps(r), flush=True)
+    moved = [r for r in rounds if "moves" in r]
     print(json.dumps({"summary": "replay_balance", "reports": len(reports),
-                      "workers": n_workers, "rounds": len(rounds),
-                      "first_move_s": rounds[0]["at_s"] if rounds else None}), flush=True)
+                      "workers": n_workers, "rounds": len(moved),
+                      "first_move_s": moved[0]["at_s"] if moved else None}), flush=True)
     return 0
 
 

@@ -1006,6 +1006,12 @@ def test_replay_balance_makes_the_policys_moves_on_a_traced_runs_reports(tmp_pat
     assert [(m["group"], m["index"], m["to"]) for m in first["moves"]] == direct
     assert direct and all(d == 0 for _, _, d in direct)  # off the slow worker
     assert summary["first_move_s"] == first["at_s"]
+    # the pace check's verdict, a note: the reports (made without the moves) kept their pace
+    notes = [r for r in rows[:-1] if "note" in r]
+    assert [r["note"] for r in notes] == [
+        f"the job kept its pace after the last {len(direct)} moves: they stay"]
+    assert notes[0]["at_s"] > first["at_s"]
+    assert summary["rounds"] == len(rows) - 1 - len(notes)
     # a policy setting changes what it would do: more patience, a later first move
     later = run_bench("replay_balance.py", str(trace), "--set", "patience=6")[-1]
     assert later["first_move_s"] > summary["first_move_s"]
