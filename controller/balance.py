@@ -689,8 +689,8 @@ class BalancePolicy:
                     return step
             if before > 0:  # a user who saw the moves hears whether they paid
                 self.notes.append(f"the job {pace_kept(gain, self.undo_margin)} after the last "
-                                  f"{len(moved)} move{'s' if len(moved) > 1 else ''}: "
-                                  f"{'they stay' if len(moved) > 1 else 'it stays'}")
+                                  + (f"{len(moved)} moves: they stay" if len(moved) > 1 else
+                                     "move: it stays"))
             return []
         halved = drained if drained is not None and drained not in self.drained else None
         if drained is not None:

@@ -786,6 +786,10 @@ def test_moves_the_pace_check_keeps_are_said_with_its_figure() -> None:
     assert job.notes(BalancePolicy(2), 60) == [
         "the job got 100% faster after the last 4 moves: they stay"]
     assert len(job.moves) == 4
+    job = Job([0.7, 1.0], uniform(2, 8))
+    assert job.notes(BalancePolicy(2), 80) == [
+        "the job got 14% faster after the last move: it stays"]
+    assert len(job.moves) == 1
     job = CompetedJob(1, 0.55, True, speeds=[1.0, 1.0], parts=uniform(2, 8))
     assert job.notes(BalancePolicy(2), 150) == ["the job got 33% faster after the last 2 moves: they stay",
                      "the job got 8% faster after partition 11 moved back on worker 1: it "
