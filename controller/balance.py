@@ -752,12 +752,11 @@ class BalancePolicy:
     def _try_share(self, trial: _ShareTrial, pace: float, ctrl: Any, gain: float = 0.0
                    ) -> list[tuple[int, int, int, str]]:
         """The next step of ``trial``, the job's pace before it ``pace`` (``gain``: how much
-        faster the step or halving before made it, below 0 if slower, for the progress
-        line): one partition of the
-        halving moves back onto the halved worker (step +1; from the busiest worker holding
-        one, whose load the job waits for; among equals the last moved, the lightest), or off
-        it again (step -1; to the least loaded of the workers the halving gave them to, among
-        equals the last moved). The move, or none where the step would leave the worker all
+        faster the step or halving before made it, below 0 if slower, for the progress line):
+        one partition of the halving moves back onto the halved worker (step +1; from the
+        busiest worker holding one, whose load the job waits for; among equals the last moved,
+        the lightest), or off it again (step -1; to the least loaded of the workers the halving
+        gave them to, among equals the last moved). The move, or none where the step would leave the worker all
         of the halving's partitions or none (both measured already), and none for a worker
         tried before (:attr:`_probed`) or one that emptying may follow (:meth:`_may_empty`).
         After an undone halving (``trial.step`` -1, ``trial.steps`` 0) the first step is no
@@ -842,7 +841,8 @@ class BalancePolicy:
             if step:
                 return step
             i = moved[0][1]
-            self.notes.append(f"the job got {after / before - 1:.0%} faster after partition {i} "
+            self.notes.append(f"the job {pace_kept(after / before - 1, self.undo_margin)} "
+                              f"after partition {i} "
                               f"moved {'back on' if trial.step > 0 else 'off'} worker "
                               f"{trial.worker}: it stays, and the trial of worker "
                               f"{trial.worker}'s share ends")
