@@ -442,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = [x for x in args.scenarios.split(",") if x]
         t_pinned = t_eq
         if "competing" in scenarios:
+            # where the pinned runs ran: with hardware threads, whether two ranks shared a core
+            cpus = sorted(os.sched_getaffinity(0))
+            summary["physical_cores"] = len({physical_core(c) for c in cpus})
+            summary["pinned_cpus"] = {"workers": [worker_core(w) for w in range(W)],
+                                      "controller": controller_core(W)}
             pinned = run(app, argv_app, iters, W, True, {}, True, args.timeout,
                          keep(f"{app}_equal_pinned"))
             t_pinned = steady(pinned["iteration_ms"])

@@ -459,7 +459,7 @@ def test_core_share_quick_measures_a_burst_beside_a_busy_loop() -> None:
 
 
 def test_straggler_quick_prints_each_run_and_a_summary(tmp_path: Path) -> None:
-    from benchmarks.straggler import ideal_ms
+    from benchmarks.straggler import controller_core, ideal_ms, worker_core
     from canary.trace import iteration_seconds, load_events
 
     rows = run_bench("straggler.py", "--quick", "--apps", "logistic_regression",
@@ -496,6 +496,10 @@ def test_straggler_quick_prints_each_run_and_a_summary(tmp_path: Path) -> None:
     assert runs[3]["over_ideal_mean"] == pytest.approx(means[3] / ideal, abs=2e-3)
     summary = rows[-1]
     assert summary["summary"] == "straggler"
+    # where the pinned ranks ran, and how many physical cores they had among them
+    assert summary["pinned_cpus"] == {"workers": [worker_core(0), worker_core(1)],
+                                      "controller": controller_core(2)}
+    assert 1 <= summary["physical_cores"] <= summary["cpus"]
     assert summary["balanced_run_moves"] == {"logistic_regression": runs[0]["migrations"],
                                              "logistic_regression/pinned": runs[1]["migrations"]}
     assert set(summary["over_ideal"]) == {"logistic_regression/competing"}
