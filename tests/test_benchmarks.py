@@ -596,6 +596,7 @@ def test_pinned_ranks_take_a_physical_core_each_before_any_sibling() -> None:
     # two hardware threads of one core share it: 4 workers pinned to CPUs 0-3 of a machine
     # numbering siblings together would get 2 cores' worth
     from benchmarks.straggler import core_order, physical_core
+    from canary.hosts import _expand_range
 
     together = {c: c // 2 for c in range(8)}  # (0, 1), (2, 3), ... share a core
     apart = {c: c % 4 for c in range(8)}  # (0, 4), (1, 5), ...
@@ -610,11 +611,9 @@ def test_pinned_ranks_take_a_physical_core_each_before_any_sibling() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     for cpu in cpus:
         listed = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
-        if listed.exists():
-            siblings = set()
-            for part in listed.read_text().strip().split(","):
-                lo, _, hi = part.partition("-")
-                siblings |= set(range(int(lo), int(hi or lo) + 1))
+        if listed.exists():  # "0-1" or "0,8": ranges as Slurm's node lists write them
+            text = listed.read_text().strip()
+            siblings = {int(c) for c in _expand_range(text, text)}
             assert {c for c in cpus if physical_core(c) == physical_core(cpu)} == \
                 siblings & set(cpus)
     assert physical_core(10**6) == 10**6
