@@ -756,9 +756,10 @@ class BalancePolicy:
         one partition of the halving moves back onto the halved worker (step +1; from the
         busiest worker holding one, whose load the job waits for; among equals the last moved,
         the lightest), or off it again (step -1; to the least loaded of the workers the halving
-        gave them to, among equals the last moved). The move, or none where the step would leave the worker all
-        of the halving's partitions or none (both measured already), and none for a worker
-        tried before (:attr:`_probed`) or one that emptying may follow (:meth:`_may_empty`).
+        gave them to, among equals the last moved). The move, or none where the step would
+        leave the worker all of the halving's partitions or none (both measured already), and
+        none for a worker tried before (:attr:`_probed`) or one that emptying may follow
+        (:meth:`_may_empty`).
         After an undone halving (``trial.step`` -1, ``trial.steps`` 0) the first step is no
         move: one of the halving's moves stays where it is (:meth:`_judge` leaves it out of the
         undo), and a line of the progress output says so.
