@@ -684,8 +684,7 @@ def spell_noise(workers: int, rate: float, seed: int, horizon_s: float = 3600.0,
 
 
 def spells_run(workers: int, ppw: int, rate: float, seeds: int, iters: int,
-               lasting_s: tuple[float, float] = (1.5, 5.0),
-               factors: tuple[float, float] = (1.2, 1.6)) -> dict[str, Any]:
+               lasting_s: tuple[float, float], factors: tuple[float, float]) -> dict[str, Any]:
     """Balanced logistic regression on ``workers`` virtual workers (as :func:`virtual_run`, no
     worker slowed for good), every worker with spells of slower tasks
     (:func:`spell_noise`: ``lasting_s`` long, ``factors`` times slower), ``seeds`` seeded
