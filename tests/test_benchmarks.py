@@ -5,6 +5,7 @@ Speed is never asserted here: only shapes, keys and answers.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import statistics
@@ -1020,6 +1021,74 @@ def test_replay_balance_makes_the_policys_moves_on_a_traced_runs_reports(tmp_pat
     assert later["first_move_s"] > summary["first_move_s"]
 
 
+def _spells_reports() -> list[tuple[float, Any]]:
+    """Load reports of 5 workers, 8 partitions each, one report each per 0.5 s round for 20
+    rounds: worker 2's tasks 1.5x as long in rounds 4-9 (it had its CPU), worker 1 waiting a
+    fifth of its time for a CPU between tasks in rounds 7-11, worker 0's tasks 1.5x as long in
+    round 15 only; the median worker is one of the others throughout."""
+    from canary.messages import LoadReport
+
+    out = []
+    for r in range(20):
+        for w in range(5):
+            slow = (w == 2 and 4 <= r <= 9) or (w == 0 and r == 15)
+            cost = 0.015 if slow else 0.01
+            wait = 0.1 if w == 1 and 7 <= r <= 11 else 0.0
+            busy = tuple((0, 8 * w + k, cost, 1 << 20) for k in range(8))
+            cpu = 8 * cost + 0.05
+            out.append((100.0 + 0.5 * r + 0.01 * w,
+                        LoadReport(1 + 5 * r + w, w, 0.5, busy, 0.5 - cpu - wait, 8, 10 * r,
+                                   False, cpu, wait)))
+    return out
+
+
+def test_replay_balance_spells_finds_each_workers_slow_rounds_and_its_waits() -> None:
+    from benchmarks.replay_balance import spells
+
+    found = spells(_spells_reports(), 5, 1.2)
+    # worker 0's one slow round is no spell; worker 2's tasks were slower, worker 1 lost time
+    # to waits for a CPU (the policy's speeds count both)
+    assert [(s["worker"], s["rounds"]) for s in found] == [(2, 6), (1, 5)]
+    tasks, waits = found
+    # rounds 4-9, each complete with the last worker's report and covering the 0.5 s before it
+    assert (tasks["from_s"], tasks["to_s"]) == (101.54, 104.54)
+    assert tasks["slower"] == 1.5 and tasks["waited"] == 0.0
+    assert tasks["with"] == [1] and waits["with"] == [2]  # they overlap in rounds 7-9
+    cpu = 8 * 0.01 + 0.05
+    assert waits["waited"] == round(0.1 / (cpu + 0.1), 4) and waits["slower"] > 1.2
+    # a higher bar leaves the 1.5x spell out, a spell of one round keeps worker 0's
+    assert [s["worker"] for s in spells(_spells_reports(), 5, 1.6)] == [1]
+    assert (0, 1) in [(s["worker"], s["rounds"]) for s in spells(_spells_reports(), 5, 1.2, 1)]
+    with pytest.raises(ValueError, match="factor above 1"):
+        spells(_spells_reports(), 5, 1.0)
+
+
+def test_replay_balance_reads_a_bundle_of_runs_and_labels_each(tmp_path: Path) -> None:
+    from canary.trace import Tracer
+
+    runs = []
+    for name, rnd in (("kmeans_equal_w5", 1), ("kmeans_competing_w5", 1), ("kmeans_equal_w5", 2)):
+        tr = Tracer(0, "controller")
+        for t, rep in _spells_reports():
+            tr.load_report(rep, t)
+        runs.append({"run": name, "round": rnd, "workers": 5, "traceEvents": tr.events})
+    bundle = tmp_path / "reports.json.gz"
+    with gzip.open(bundle, "wt") as f:
+        json.dump({"about": "test", "runs": runs}, f)
+    rows = run_bench("replay_balance.py", str(bundle), "--spells", "1.2", "--only", "_equal")
+    summaries = [r for r in rows if r.get("summary") == "replay_balance_spells"]
+    assert [(r["run"], r["round"]) for r in summaries] == [("kmeans_equal_w5", 1),
+                                                          ("kmeans_equal_w5", 2)]
+    assert all(r["spells"] == 2 and r["longest_s"] == 3.0 and r["together"] == 2
+               for r in summaries)
+    assert summaries[0]["waited_max"] > 0
+    spell_rows = [r for r in rows if "summary" not in r]
+    assert [(r["round"], r["worker"]) for r in spell_rows] == [(1, 2), (1, 1), (2, 2), (2, 1)]
+    # the moves, run by run, the same way
+    moved = run_bench("replay_balance.py", str(bundle))
+    assert [r["run"] for r in moved if "summary" in r] == [r["run"] for r in runs]
+
+
 @pytest.mark.parametrize("bad", [["--set", "patience"], ["--set", "no_such=1"],
                                  ["--set", "patience=soon"], ["--set", "patience=1.5"]])
 def test_replay_balance_rejects_a_bad_setting(tmp_path: Path, bad: list[str],
@@ -1035,6 +1104,27 @@ def test_replay_balance_rejects_a_bad_setting(tmp_path: Path, bad: list[str],
     assert stop.value.code == 2
     out, err = capsys.readouterr()
     assert out == "" and "--set" in err and "Traceback" not in err
+
+
+def test_replay_balance_rejects_a_spell_factor_of_1_and_a_bundle_without_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.replay_balance import main
+    from canary.trace import Tracer
+
+    tr = Tracer(0, "controller")
+    for t, rep in _spells_reports():
+        tr.load_report(rep, t)
+    bundle = tmp_path / "reports.json.gz"
+    with gzip.open(bundle, "wt") as f:
+        json.dump({"runs": [{"run": "lr_equal_w5", "round": 1, "workers": 5,
+                             "traceEvents": tr.events}]}, f)
+    for bad, said in ((["--spells", "1"], "--spells: a factor above 1"),
+                      (["--only", "kmeans"], "no load reports of a run whose name contains "
+                                             "'kmeans'")):
+        with pytest.raises(SystemExit) as stop:
+            main([str(bundle), *bad])
+        out, err = capsys.readouterr()
+        assert stop.value.code == 2 and out == "" and said in err
 
 
 def test_replay_balance_names_a_file_that_is_not_a_trace(tmp_path: Path) -> None:
