@@ -12,9 +12,9 @@ are those of the run as it went, not of the placement the moves would have made.
 change to the policy keeps a balanced run still, on the reports of a run made elsewhere.
 
 Prints JSON lines: one per round of moves and one per note of the policy (what its pace check
-kept, with the figure; why no move could help), in order, then a summary (``reports``,
-``workers``, ``rounds`` of moves, ``first_move_s``). Replaying a run made with balancing on
-gives its pace checks' figures on the placements the run had.
+kept, with the figure; why no move could help), in order, then a summary (the ``trace``,
+``reports``, ``workers``, ``rounds`` of moves, ``first_move_s``). Replaying a run made with
+balancing on gives its pace checks' figures on the placements the run had.
 
 With ``--spells FACTOR`` it prints instead the workers' slow spells: runs of two or more
 consecutive rounds of reports in which a worker's speed, as the policy measures it from that
@@ -22,11 +22,19 @@ round alone, was under 1/FACTOR of the median worker's; per spell when it began 
 much slower the worker was, what share of its time it spent waiting for a CPU (none: it had its
 CPU, and its tasks themselves ran slower), and which other workers were in a spell at the same
 time; then a summary (``spells``, ``longest_s``, ``slowest``, ``waited_max``, ``together``).
-It answers "what noise did this machine have?" for a run that should have moved nothing.
+It answers "what noise did this machine have?" for a run that should have moved nothing. On 2
+workers the median lies between the two: one 1.44x slower than the other is about 1.2x slower
+than the median.
+
+A bundle of runs' load reports as ``tests/data`` keeps them (``.json.gz``) replays run by run,
+each row labelled with its ``run`` and ``round``; ``--only TEXT`` keeps the runs whose name
+contains TEXT.
 
     python benchmarks/replay_balance.py trace.json
     python benchmarks/replay_balance.py trace.json --set threshold=0.2 --set patience=6
     python benchmarks/replay_balance.py trace.json --spells 1.2
+    python benchmarks/replay_balance.py tests/data/load_reports_16c_steps.json.gz --spells 1.1 \\
+        --only _equal
 """
 
 from __future__ import annotations
@@ -199,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in found:
                 print(json.dumps({**label, **row}), flush=True)
             print(json.dumps({
-                "summary": "replay_balance_spells", **label, "reports": len(reports),
+                "summary": "replay_balance_spells", "trace": args.trace, **label,
+                "reports": len(reports),
                 "workers": n_workers, "factor": args.spells, "spells": len(found),
                 "longest_s": max((round(s["to_s"] - s["from_s"], 3) for s in found),
                                  default=None),
@@ -214,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in rounds:
             print(json.dumps({**label, **r}), flush=True)
         moved = [r for r in rounds if "moves" in r]
-        print(json.dumps({"summary": "replay_balance", **label, "reports": len(reports),
-                          "workers": n_workers, "rounds": len(moved),
+        print(json.dumps({"summary": "replay_balance", "trace": args.trace, **label,
+                          "reports": len(reports), "workers": n_workers, "rounds": len(moved),
                           "first_move_s": moved[0]["at_s"] if moved else None}), flush=True)
     return 0
 
