@@ -394,8 +394,9 @@ def run_virtual(program: Program, workers: int, network: Network,
     ``CANARY_SLOWDOWN`` does over MPI). ``noise(worker, start)``: a further factor for a task
     that starts at virtual time ``start`` on that worker (a machine's passing slow spells).
     ``shared_cores``: worker index to the :class:`SharedCore` (a busy process on its core) its
-    tasks run on; with it, every worker's load reports carry the seconds it ran tasks on a CPU
-    and waited for one, as on Linux.
+    tasks run on. Every worker's load reports carry the seconds it ran tasks on a CPU and
+    waited for one, as on Linux (the balancing policy tells a worker slower with its CPU from
+    one losing it to another process by them).
     ``validate``: check every state's invariants and the cross-role one after each event.
     ``on_task(worker, task, start, end)`` is called for every task run, with its virtual start
     and end.
@@ -414,7 +415,6 @@ def run_virtual(program: Program, workers: int, network: Network,
         if any(not 0 <= w < workers for w in by_worker):
             raise ValueError(f"{name} {by_worker}: worker indices must be below {workers}")
     cores: list[SharedCore | None] = [None, *(shared.get(w) for w in range(workers))]
-    measure_cpu = bool(shared)
     cpu = [0.0] * (workers + 1)  # seconds each rank ran tasks on a CPU, and waited for one,
     cpu_wait = [0.0] * (workers + 1)  # since its last report
     # each worker's own config carries its factor, as over MPI (WorkerConfig checks it)
@@ -581,8 +581,7 @@ def run_virtual(program: Program, workers: int, network: Network,
             w = rank - 1
             if load_reports and free_at[rank] >= next_report[rank] and not states[w].done_sent:
                 next_report[rank] = free_at[rank] + config.report_s
-                tick = Tick(next_id(rank), free_at[rank], idle[rank],
-                            *((cpu[rank], cpu_wait[rank]) if measure_cpu else ()))
+                tick = Tick(next_id(rank), free_at[rank], idle[rank], cpu[rank], cpu_wait[rank])
                 idle[rank] = cpu[rank] = cpu_wait[rank] = 0.0
                 carry_worker(rank, handle(rank, tick))
             if pending[rank] is not None or resume[rank]:

@@ -55,9 +55,15 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    ideal on ``W``); the evidence needed grows as a spell's cost does, from what a spell of
    ``spell_factor`` (1.6) costs on two workers: 3.5 on 4 workers, 4.25 on 8, 4.6 on 16. So such a
    spell moves nothing on any number of workers, and a slower machine is answered about as
-   soon as on two (3x after 3 rounds, 2x after 6, 1.4x after 17-18 on 4 to 16 workers). A
-   longer spell is a slower machine here while it lasts (a 16-core cloud host's workers ran
-   1.2-1.8x slower for 6-20 s at a time, and balanced runs on 4 and 8 of them moved).
+   soon as on two (3x after 3 rounds, 2x after 6, 1.4x after 17-18 on 4 to 16 workers).
+   A worker slower **with its CPU in hand** (its reports measure its waits for a CPU, and they
+   stay under ``quiet_wait``, 10% of its time) needs ``quiet_evidence`` (2.5) times that. On
+   a 16-core cloud host, balanced runs' workers ran 1.2-1.6x slower for up to 20 s at a
+   time, waiting for no CPU (hardware threads that share a core behave so), and moved; a
+   worker beside a busy process waits for its CPU half its time, and is answered as soon as
+   before. A slower machine with its CPU is answered later: of two workers 3x after 6
+   rounds, 2x after 13, 1.4x after 51 (7, 14 and 43-44 on 4 to 16 workers). Where the waits
+   are not measured (off Linux), the evidence is as above.
 4. It then moves greedily: from the busiest worker, the partition and destination that lower
    the highest predicted load most (among equal ones, the destination left least loaded: while
    the source stays the busiest, every destination gives the same highest load), as long as a
@@ -232,6 +238,7 @@ class _Partition:
 class _Worker:
     pace: float = 1.0  # smoothed fraction of its active time not spent waiting for a CPU
     waiting: float = 0.0  # smoothed fraction of its time on or waiting for a CPU spent waiting
+    cpu_measured: bool = False  # its last report measured its CPU time and waits (Linux)
     progress: float = 0.0  # program positions a second over its last report interval
     measured: set[int] = field(default_factory=set)  # groups with tasks in its last report
     # smoothed fraction of its time busy outside its tasks and its waits for a CPU between
@@ -277,7 +284,8 @@ class BalancePolicy:
                  max_moves: int = 8, settle: int = 2, undo_margin: float = 0.05,
                  quiet_rounds: int = 20, wait_margin: float = 0.10,
                  drain_wait: float = 0.25, evidence: float = 2.0,
-                 spell_factor: float = 1.6, hold_rounds: int = 40) -> None:
+                 spell_factor: float = 1.6, hold_rounds: int = 40,
+                 quiet_evidence: float = 2.5, quiet_wait: float = 0.1) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         counts = {"patience": patience, "max_moves": max_moves, "settle": settle,
@@ -287,7 +295,8 @@ class BalancePolicy:
                 raise ValueError(f"{name} must be an integer >= 1, got {count!r}")
         amounts = {"threshold": threshold, "min_gain": min_gain, "horizon_s": horizon_s,
                    "bandwidth": bandwidth, "latency_s": latency_s, "undo_margin": undo_margin,
-                   "wait_margin": wait_margin, "drain_wait": drain_wait, "evidence": evidence}
+                   "wait_margin": wait_margin, "drain_wait": drain_wait, "evidence": evidence,
+                   "quiet_evidence": quiet_evidence, "quiet_wait": quiet_wait}
         for name, amount in amounts.items():
             if not 0 <= amount < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {amount!r}")
@@ -316,6 +325,8 @@ class BalancePolicy:
         self.spell_factor = spell_factor
         self.hold_rounds = hold_rounds
         self.evidence_needed = evidence * self._spell_scale(n_workers)
+        self.quiet_evidence = quiet_evidence
+        self.quiet_wait = quiet_wait
         self.notes: list[str] = []  # see MovePolicy
         self._said_no_move = False  # once a job: the imbalance no move could help
         self._wait_blocked = False  # the last plan left out a move for the wait_margin rule
@@ -369,6 +380,7 @@ class BalancePolicy:
         # tasks' durations, so only the rest counts: the waits are taken to fall evenly over the
         # time it was ready to run.
         runnable = rep.cpu + rep.cpu_wait
+        w.cpu_measured = runnable > 0
         in_tasks = tasks * rep.cpu_wait / runnable if runnable > 0 else 0.0
         between = max(rep.cpu_wait - in_tasks, 0.0)
         if runnable > 0:
@@ -510,8 +522,8 @@ class BalancePolicy:
         if drain:
             if self._uneven < self.patience:
                 return []
-        elif not any(over >= self.patience and excess >= self.evidence_needed
-                     for over, excess in zip(self._over, self._excess)):
+        elif not any(over >= self.patience and excess >= self._needed(k)
+                     for k, (over, excess) in enumerate(zip(self._over, self._excess))):
             return []
         moves = drain or self._plan(loads, speeds, work, ideal, ctrl)
         if not moves and not self._said_no_move:
@@ -561,6 +573,14 @@ class BalancePolicy:
     def _hold(self, worker: int) -> None:
         """``worker`` takes no partition for its hold (``hold_rounds`` at first; see step 5)."""
         self._held[worker] = self._hold_for.setdefault(worker, self.hold_rounds)
+
+    def _needed(self, worker: int) -> float:
+        """The evidence ``worker`` must gather before it counts as slower (step 3): times
+        ``quiet_evidence`` where its reports measured its waits for a CPU and they stay under
+        ``quiet_wait`` of its time."""
+        w = self.workers[worker]
+        quiet = w.cpu_measured and w.waiting < self.quiet_wait
+        return self.evidence_needed * (self.quiet_evidence if quiet else 1.0)
 
     def _forget_evidence(self) -> None:
         self._uneven = 0

@@ -215,6 +215,29 @@ def test_the_more_uneven_the_load_the_sooner_the_move() -> None:
     assert 4 < first_move(0.5) < first_move(0.7) < first_move(0.8) < 120
 
 
+@pytest.mark.parametrize("workers", [2, 8])
+def test_a_worker_slower_with_its_cpu_in_hand_must_stay_slower_for_longer(workers: int) -> None:
+    # On a 16-core cloud host, balanced runs' workers ran 1.2-1.6x slower for up to 20 s at a
+    # time, waiting for no CPU (benchmarks/results/spells_16c.jsonl), and moved partitions; a
+    # busy process on a worker's core makes it wait for its CPU (half its time), and its
+    # evidence is what it was.
+    def first_move(slow: float, lost: float = 0.0, measured: bool = True, **kw: float) -> int:
+        job = CompetedJob(workers - 1, lost, measured,
+                          speeds=[1.0] * (workers - 1) + [slow], parts=uniform(workers, 8))
+        policy = BalancePolicy(workers, **kw)  # type: ignore[arg-type]
+        return next(r for r in range(400) if job.round(policy, r * 0.5))
+    for slow in (1 / 3, 0.5, 1 / 1.4):
+        before = first_move(slow, quiet_evidence=1.0)
+        # unmeasured (off Linux): no telling, the evidence as before
+        assert first_move(slow, measured=False) == before
+        assert first_move(slow) > before + 2  # and still answered
+    assert first_move(1 / 3) <= 8 and first_move(1 / 1.4) <= 52
+    # the busy process's worker waits half its time: answered as soon as before
+    assert first_move(1.0, lost=0.5) == first_move(1.0, lost=0.5, quiet_evidence=1.0)
+    # a worker waiting a little (the controller's rank on its core now and then) is quiet
+    assert first_move(0.5, lost=0.05) == first_move(0.5)
+
+
 def test_a_move_whose_transfer_costs_more_than_it_saves_is_not_made() -> None:
     job = Job([1.0, 0.5], uniform(2, 8), nbytes=1 << 40)  # a TB a partition: never worth it
     policy = BalancePolicy(2)
@@ -539,10 +562,13 @@ def real_runs_16c(name: str = "load_reports_16c") -> list[dict[str, Any]]:
         return list(json.load(f)["runs"])
 
 
-def test_real_balanced_runs_on_4_and_8_workers_would_move_nothing() -> None:
-    # With the policy they ran with, 2 of these 8 moved partitions: on 4 workers off the
-    # gathering worker (undone, the job 7% slower), on 8 (pinned) 4 of them at once.
-    balanced = [r for r in real_runs_16c() if "_equal" in r["run"]]
+@pytest.mark.parametrize("name", ["load_reports_16c", "load_reports_16c_steps"])
+def test_real_balanced_runs_on_4_and_8_workers_would_move_nothing(name: str) -> None:
+    # With the policies they ran with, 2 of the first machine's 8 moved partitions: on 4
+    # workers off the gathering worker (undone, the job 7% slower), on 8 (pinned) 4 of them at
+    # once. On the second, 6 of 8 moved, in spells of 1.2-1.6x slower tasks lasting up to 20 s
+    # in which the worker had its CPU (a worker slower with its CPU in hand needs more evidence).
+    balanced = [r for r in real_runs_16c(name) if "_equal" in r["run"]]
     assert len(balanced) == 8 and {r["workers"] for r in balanced} == {4, 8}
     for run in balanced:
         reports = load_reports(run["traceEvents"])

@@ -201,7 +201,7 @@ def test_the_balancing_policy_in_virtual_time_reaches_the_best_split_around_a_sl
     from canary.controller.balance import BalancePolicy
 
     args = logistic_regression.parse_args(
-        ["--generate", "2000,6", "--max-iter", "200", "--tol", "1e-300", "--print-every", "0",
+        ["--generate", "2000,6", "--max-iter", "400", "--tol", "1e-300", "--print-every", "0",
          "--partitions", str(8 * workers)])
     want = canary.run_local(logistic_regression.build(args, workers)[0], workers=workers).results
     runs = {}
