@@ -92,9 +92,9 @@ def spells(reports: list[tuple[float, Any]], n_workers: int, factor: float = 1.2
     """The workers' slow spells in ``reports`` (as :func:`replay` takes them): runs of at least
     ``min_rounds`` consecutive rounds (every worker reported since the last) in which a worker's
     speed, measured as :meth:`BalancePolicy.speeds` does from that round's reports alone, was
-    under 1/``factor`` of the median worker's. Rounds in which a worker ran none of the shared
-    work, or one had finished, measure nothing and end any spell (they count nothing for the
-    policy either).
+    under 1/``factor`` of the median worker's. Rounds that measured no speeds
+    (:meth:`BalancePolicy.measured_speeds`), or in which a worker had finished, end any spell
+    (they count nothing for the policy either).
 
     Each spell, in the order they began: ``worker``; ``from_s`` and ``to_s``, when the reports
     of its first round began to count and when its last round was complete; ``rounds``;
@@ -120,8 +120,8 @@ def spells(reports: list[tuple[float, Any]], n_workers: int, factor: float = 1.2
         workers = policy.workers
         if not all(w.fresh for w in workers):
             continue
-        spread = policy.spread_groups()
-        measured = all(w.measured & spread for w in workers) and not any(w.done for w in workers)
+        measured = (policy.measured_speeds(policy.spread_groups())
+                    and not any(w.done for w in workers))
         rounds.append((t - interval, t, policy.speeds() if measured else [math.nan] * n_workers,
                        cpu))
         for w in workers:

@@ -431,6 +431,14 @@ class BalancePolicy:
             counts[g] = counts.get(g, 0) + 1
         return {g for g, n in counts.items() if n >= self.n_workers}
 
+    def measured_speeds(self, spread: set[int]) -> bool:
+        """Whether the last round of reports measured the workers' speeds: False where a worker
+        holds partitions of ``spread`` (:meth:`spread_groups`) but ran none of them since its
+        last report (the job starting, compiling a step only one worker runs, or in a serial
+        step)."""
+        return not any(not (w.measured & spread) and any(k[0] in spread for k in w.partitions)
+                       for w in self.workers)
+
     def loads(self, groups: set[int]) -> list[float]:
         """Each worker's load: the summed cost of the partitions of ``groups`` it reported."""
         return [sum(self.parts[k].cost for k in w.partitions if k[0] in groups)
@@ -497,12 +505,9 @@ class BalancePolicy:
             return self._judge(ctrl)
         del self._paces[:-self.patience]
         spread = self.spread_groups()
-        if any(not (w.measured & spread) and any(k[0] in spread for k in w.partitions)
-               for w in workers):
-            # A worker holds shared work but ran none of it since its last report (the job
-            # starting, compiling a step only one worker runs, or in a serial step): the round
-            # measured no speeds, and the loads are the last ones measured, so it neither
-            # counts as evidence nor moves anything.
+        if not self.measured_speeds(spread):
+            # the loads are the last ones measured: the round neither counts as evidence nor
+            # moves anything
             return []
         speeds, loads, work = self._estimates(spread)
         capacity = sum(s for w, s in enumerate(speeds) if w not in self.drained)
