@@ -248,8 +248,8 @@ def plot(rows: list[dict[str, Any]], out: str) -> str:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     fig.tight_layout()
-    name = "competed_share" + ("" if app == "logistic_regression" else f"_{app}")
-    path = os.path.join(out, name + ("" if duty >= 1 else "_hog_duty") + ".png")
+    stem = "competed_share" + ("" if app == "logistic_regression" else f"_{app}")
+    path = os.path.join(out, stem + ("" if duty >= 1 else "_hog_duty") + ".png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -447,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["physical_cores"] = len({physical_core(c) for c in cpus})
             summary["pinned_cpus"] = {"workers": [worker_core(w) for w in range(W)],
                                       "controller": controller_core(W)}
+            summary["hog_duty"] = args.hog_duty
             pinned = run(app, argv_app, iters, W, True, {}, True, args.timeout,
                          keep(f"{app}_equal_pinned"))
             t_pinned = steady(pinned["iteration_ms"])
@@ -458,10 +459,8 @@ def main(argv: list[str] | None = None) -> int:
             env = {"CANARY_SLOWDOWN": f"{slow}:{args.factor:g}"} if scenario == "slowdown" else {}
             got: dict[bool, dict[str, Any]] = {}
             for balance in (False, True):
-                hog = None
-                if scenario == "competing":
-                    hog = busy_loop(worker_core(slow), args.hog_duty)
-                    summary["hog_duty"] = args.hog_duty
+                hog = (busy_loop(worker_core(slow), args.hog_duty) if scenario == "competing"
+                       else None)
                 try:
                     got[balance] = run(app, argv_app, iters, W, balance, env,
                                        scenario == "competing", args.timeout,
