@@ -1063,18 +1063,25 @@ def test_replay_balance_spells_finds_each_workers_slow_rounds_and_its_waits() ->
         spells(_spells_reports(), 5, 1.0)
 
 
-def test_replay_balance_reads_a_bundle_of_runs_and_labels_each(tmp_path: Path) -> None:
+def _spells_bundle(path: Path, runs: list[tuple[str, int]]) -> None:
+    """A bundle of runs' load reports as tests/data keeps them, each run (name, round) holding
+    :func:`_spells_reports`."""
     from canary.trace import Tracer
 
-    runs = []
-    for name, rnd in (("kmeans_equal_w5", 1), ("kmeans_competing_w5", 1), ("kmeans_equal_w5", 2)):
+    out = []
+    for name, rnd in runs:
         tr = Tracer(0, "controller")
         for t, rep in _spells_reports():
             tr.load_report(rep, t)
-        runs.append({"run": name, "round": rnd, "workers": 5, "traceEvents": tr.events})
+        out.append({"run": name, "round": rnd, "workers": 5, "traceEvents": tr.events})
+    with gzip.open(path, "wt") as f:
+        json.dump({"about": "test", "runs": out}, f)
+
+
+def test_replay_balance_reads_a_bundle_of_runs_and_labels_each(tmp_path: Path) -> None:
+    runs = [("kmeans_equal_w5", 1), ("kmeans_competing_w5", 1), ("kmeans_equal_w5", 2)]
     bundle = tmp_path / "reports.json.gz"
-    with gzip.open(bundle, "wt") as f:
-        json.dump({"about": "test", "runs": runs}, f)
+    _spells_bundle(bundle, runs)
     rows = run_bench("replay_balance.py", str(bundle), "--spells", "1.2", "--only", "_equal")
     summaries = [r for r in rows if r.get("summary") == "replay_balance_spells"]
     assert [(r["run"], r["round"]) for r in summaries] == [("kmeans_equal_w5", 1),
@@ -1086,7 +1093,7 @@ def test_replay_balance_reads_a_bundle_of_runs_and_labels_each(tmp_path: Path) -
     assert [(r["round"], r["worker"]) for r in spell_rows] == [(1, 2), (1, 1), (2, 2), (2, 1)]
     # the moves, run by run, the same way
     moved = run_bench("replay_balance.py", str(bundle))
-    assert [r["run"] for r in moved if "summary" in r] == [r["run"] for r in runs]
+    assert [r["run"] for r in moved if "summary" in r] == [name for name, _ in runs]
 
 
 @pytest.mark.parametrize("bad", [["--set", "patience"], ["--set", "no_such=1"],
@@ -1109,15 +1116,9 @@ def test_replay_balance_rejects_a_bad_setting(tmp_path: Path, bad: list[str],
 def test_replay_balance_rejects_a_spell_factor_of_1_and_a_bundle_without_the_run(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks.replay_balance import main
-    from canary.trace import Tracer
 
-    tr = Tracer(0, "controller")
-    for t, rep in _spells_reports():
-        tr.load_report(rep, t)
     bundle = tmp_path / "reports.json.gz"
-    with gzip.open(bundle, "wt") as f:
-        json.dump({"runs": [{"run": "lr_equal_w5", "round": 1, "workers": 5,
-                             "traceEvents": tr.events}]}, f)
+    _spells_bundle(bundle, [("lr_equal_w5", 1)])
     for bad, said in ((["--spells", "1"], "--spells: a factor above 1"),
                       (["--only", "kmeans"], "no load reports of a run whose name contains "
                                              "'kmeans'")):
