@@ -598,6 +598,19 @@ def test_real_runs_with_a_busy_loop_move_the_competed_workers_partitions_first(
         assert first["moves"][0] in off and 2 * len(off) > len(first["moves"])
 
 
+def test_real_kmeans_run_with_a_busy_loop_moves_nothing_but_the_competed_workers_share() -> None:
+    # k-means on 4 real workers, a busy loop on worker 3's core: as run (before the
+    # quiet-evidence rule), once worker 3 was emptied the policy moved 7 partitions between
+    # the other three in the machine's spells, 29 and 58 s in. Replayed, every move is about
+    # worker 3's share: speed, the halving, its trials back and their undoing, the emptying.
+    run, = [r for r in real_runs_16c("load_reports_16c_steps")
+            if r["run"] == "kmeans_competing_on_w4"]
+    rounds = [r for r in replay(load_reports(run["traceEvents"]), 4) if "moves" in r]
+    whys = [m["why"] for r in rounds for m in r["moves"]]
+    assert len(whys) >= 8 and any("moving its partitions to the others" in w for w in whys)
+    assert all("worker 3" in w for w in whys), whys
+
+
 def test_without_cpu_times_the_lost_time_looks_idle_and_nothing_moves() -> None:
     # what the policy saw before it read the CPU wait (and still sees off Linux)
     job = CompetedJob(1, 0.5, False, speeds=[1.0, 1.0], parts=uniform(2, 8))
