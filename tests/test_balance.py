@@ -56,6 +56,7 @@ class Job:
         self.ctrl = FakeController(n, {k: k[1] * n // (1 + max(i for _, i in keys)) for k in keys})
         self.moves: list[tuple[int, int, int]] = []
         self.seq = 0  # the program position every worker reports: 10 stages a round
+        self.ending = False  # whether the workers' reports say they finished their part
 
     def speed(self, w: int) -> float:
         """Worker ``w``'s speed now (what it holds may change it: :class:`SharedCoreJob`)."""
@@ -82,7 +83,8 @@ class Job:
                     secs = self.work[k] / self.speed(w) * (1 + self.rng.uniform(-1, 1) * self.noise)
                     busy.append((k[0], k[1], secs, self.nbytes))
             idle = max(period - sum(b[2] for b in busy), 0.0)  # it waits for the slowest
-            policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, False), now)
+            policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, self.ending),
+                          now)
         return self.decide(policy, now)
 
     def notes(self, policy: BalancePolicy, rounds: int) -> list[str]:
@@ -154,6 +156,17 @@ def test_a_passing_slowdown_moves_nothing() -> None:
     for r in range(20):
         job.speeds[1] = 0.3 if r % 4 == 3 else 1.0  # one slow round in four
         assert job.round(policy, r * 0.5) == []
+
+
+def test_a_job_whose_workers_are_ending_moves_nothing() -> None:
+    # a worker that finished its part of the program reports so: a move then only costs
+    for ending, moved in ((False, True), (True, False)):
+        job = Job([1 / 3, 1.0], uniform(2, 8))
+        job.ending = ending
+        policy = BalancePolicy(2)
+        for r in range(40):
+            job.round(policy, r * 0.5)
+        assert bool(job.moves) == moved, ending
 
 
 @pytest.mark.parametrize("slow,spell", [(0.8, 6), (0.7, 5), (0.65, 4)])

@@ -36,6 +36,7 @@ from canary.messages import (
     Progress,
     ReportPart,
 )
+from canary.partition_map import PartitionMap
 from canary.worker.state import WorkerState
 from tests.seeds import over_seeds
 from tests.sequential import run_sequential
@@ -317,6 +318,24 @@ def test_moves_to_and_fro_and_of_one_partition_groups() -> None:
         base = canary.run_local(signal_loop(), workers=2, seed=seed)
         r = canary.run_local(signal_loop(), workers=2, seed=seed, validate=True, inject=churn)
         assert r.migrations > 3 and same(r, base) and r.tasks_run == base.tasks_run
+
+
+def test_a_worker_told_to_move_what_it_does_not_hold_says_so() -> None:
+    # the controller never asks this (it tracks moves under way); a worker that obeyed anyway
+    # would send a partition it lacks, or the same one twice
+    from tests.test_worker_state import placed
+
+    p = signal_loop().finalize()
+    ga = group_of(p, "a")
+    st, _ = placed(p, 0)
+    initial = PartitionMap.initial([g[0].partitions for g in p.groups], 2)  # as placed() has it
+    theirs = next(i for i in range(4) if initial.owner(ga, i) == 1)
+    with pytest.raises(AssertionError, match=f"worker 0 cannot move partition {theirs} of group "
+                                             f"{ga}: it does not hold it, or it is moving"):
+        st.handle(MigrateOut(90, 1, ga, theirs, 1, 2))
+    st.handle(MigrateOut(91, 2, ga, 0, 1, 2))  # its own: under way
+    with pytest.raises(AssertionError, match=f"cannot move partition 0 of group {ga}"):
+        st.handle(MigrateOut(92, 3, ga, 0, 1, 3))
 
 
 def test_the_source_lets_go_of_a_moved_partitions_values(monkeypatch: pytest.MonkeyPatch) -> None:
