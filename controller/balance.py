@@ -29,7 +29,8 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    (:meth:`BalancePolicy.spread_groups`): the fraction of its time it works on what can be
    shared out. A group with fewer (a model's weights) is a serial step the others wait for
    wherever it runs; moving shared work off its holder only lengthens another worker's share,
-   so it neither counts nor moves.
+   so it neither counts nor moves. Once a worker reports that it has finished its part of the
+   program, nothing moves: the job is ending, and a move would only cost.
 2. Workers step through the program together (signals, scatter-gathers), so each worker's load
    is its share of the work at the pace of the slowest. Partitions of one group do alike work,
    so the ratio of the time a group's tasks take on two workers is the ratio of their
