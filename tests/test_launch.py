@@ -1299,5 +1299,9 @@ def test_the_time_limit_stops_the_job_with_one_line() -> None:
                         "--print-every", "0"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 124 and r.stdout == ""
-    assert r.stderr == ("canary: the job ran past its time limit of 5 s (--timeout or "
-                        f"MPIEXEC_TIMEOUT) and was stopped; {LOST}\n")
+    # a busy machine (another job's ranks on the worker's core) adds canary's word on that,
+    # rightly; nothing else may come
+    said = [line for line in r.stderr.splitlines(keepends=True) if not re.match(
+        r"canary: worker 0 \(rank 1\) has a core of its own but waited for it ", line)]
+    assert "".join(said) == ("canary: the job ran past its time limit of 5 s (--timeout or "
+                             f"MPIEXEC_TIMEOUT) and was stopped; {LOST}\n")
