@@ -149,7 +149,9 @@ class LoadReport(Message):
     (the next stage instance it emits), ``pc`` and ``counters`` the same position as the
     interpreter's op index and loop counters (innermost last: the controller's progress line
     names the loop and iteration); ``cpu`` and ``cpu_wait`` the seconds it ran on a CPU and
-    waited for one (Linux); ``polls_hot`` whether it polls hot when idle, as of the report."""
+    waited for one (Linux); ``polls_hot`` whether it polls hot when idle, as of the report;
+    ``mem_free``, ``mem_total`` and ``mem_pool`` the memory its machine has left for it
+    (:func:`canary.memory.memory_room`, Linux), so that no move overfills a machine."""
 
     eid: int
     worker: int
@@ -164,6 +166,9 @@ class LoadReport(Message):
     pc: int = 0  # the interpreter's op index (Program.ops)
     counters: tuple[int, ...] = ()  # its loop counters, innermost last: a few ints
     polls_hot: bool = False  # it polls hot when idle (has a core to itself, nobody waits)
+    mem_free: int = -1  # bytes its machine may still allocate to it (-1: not known)
+    mem_total: int = -1  # bytes it may use in all there (-1: not known)
+    mem_pool: str = ""  # workers naming the same pool share that memory (canary.memory)
 
 
 @dataclass(slots=True)
@@ -426,6 +431,9 @@ class Tick(Message):
     cpu: float = 0.0  # seconds the worker ran on a CPU since the last tick (0: not measured)
     cpu_wait: float = 0.0  # seconds it was ready to run but waited for a CPU (another process)
     polls_hot: bool = False  # the worker polls hot when idle (canary.idle.Backoff.note_cpu_wait)
+    mem_free: int = -1  # bytes its machine may still allocate to it (canary.memory; -1: unknown)
+    mem_total: int = -1
+    mem_pool: str = ""
 
 
 @dataclass(slots=True)

@@ -141,7 +141,9 @@ class Tracer:
                      "busy": [list(row) for row in rep.busy], "idle": rep.idle,
                      "tasks": rep.tasks, "seq": rep.seq, "done": rep.done, "cpu": rep.cpu,
                      "cpu_wait": rep.cpu_wait, "pc": rep.pc,
-                     "counters": list(rep.counters), "polls_hot": rep.polls_hot}})
+                     "counters": list(rep.counters), "polls_hot": rep.polls_hot,
+                     "mem_free": rep.mem_free, "mem_total": rep.mem_total,
+                     "mem_pool": rep.mem_pool}})
 
     def send(self, dest: int, msg: Any, t: float | None = None) -> None:
         """Message ``msg`` sent to rank ``dest`` (a flow starts)."""
@@ -230,7 +232,8 @@ def load_reports(events: list[dict[str, Any]]) -> list[tuple[float, Any]]:
                              a["tasks"], a["seq"], a["done"], a["cpu"], a["cpu_wait"],
                              # traces written before reports carried the position lack them
                              a.get("pc", 0), tuple(a.get("counters", ())),
-                             a.get("polls_hot", False))
+                             a.get("polls_hot", False), a.get("mem_free", -1),
+                             a.get("mem_total", -1), a.get("mem_pool", ""))
             out.append((e["ts"] / 1e6, rep))
     out.sort(key=lambda pair: pair[0])
     return out

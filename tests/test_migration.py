@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -757,6 +758,10 @@ def test_a_trace_shows_each_move_on_both_workers(
     reports = load_reports(load_events(str(trace)))
     assert {rep.worker for _, rep in reports} == {0, 1}
     assert all(sec >= 0 for _, rep in reports for _, _, sec, _ in rep.busy)
+    # with the memory its machine has left for it (Linux), the two workers on one machine's
+    if sys.platform == "linux":
+        assert all(0 < rep.mem_free <= rep.mem_total for _, rep in reports)
+        assert len({rep.mem_pool for _, rep in reports}) == 1 and reports[0][1].mem_pool
     for w in (0, 1):
         seqs = [rep.seq for _, rep in reports if rep.worker == w]
         assert seqs == sorted(seqs) and all(rep.interval > 0 for _, rep in reports)

@@ -46,7 +46,7 @@ def test_a_batch_of_pieces_is_traced_with_its_stage_instance() -> None:
 def test_load_reports_are_read_back_as_they_were_received() -> None:
     tr = Tracer(0, "controller")
     sent = [LoadReport(11, 1, 0.5, ((0, 3, 0.125, 4096), (2, 0, 0.01, 8)), 0.25, 40, 812, False,
-                       0.3, 0.05, 17, (4, 250), True),
+                       0.3, 0.05, 17, (4, 250), True, 3 << 30, 8 << 30, "boot:cgroup"),
             LoadReport(12, 0, 0.5, (), 0.5, 0, 812, True)]
     tr.load_report(sent[0], 100.0)
     tr.load_report(sent[1], 100.5)

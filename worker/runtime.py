@@ -24,6 +24,7 @@ from canary.idle import (
     has_own_core,
     tight_timer_slack,
 )
+from canary.memory import memory_pool, memory_room
 from canary.messages import (
     CONTROLLER,
     Abort,
@@ -164,6 +165,7 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
 
     cpu_then = cpu_times()
     tick_then = 0.0
+    pool = memory_pool()
 
     def tick(now: float, idle: float) -> Tick:
         """The report tick, with the CPU time used and waited for since the last one."""
@@ -173,7 +175,9 @@ def run_worker(program: Program, comm: MPI.Comm, config: WorkerConfig | None = N
         cpu_then = cpu_now
         hot = backoff.note_cpu_wait(waited, now - tick_then)
         tick_then = now
-        return Tick(local_event_id(rank, next(ids)), now, idle, on_cpu, waited, hot)
+        free, total = memory_room()
+        return Tick(local_event_id(rank, next(ids)), now, idle, on_cpu, waited, hot, free, total,
+                    pool)
 
     task: Task | None = None  # handed out by the state, not yet run
     resume = False  # the state yielded: feed it Resume once the sends before it are out

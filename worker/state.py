@@ -340,7 +340,8 @@ class WorkerState(Interpreter, AccessQueues, Fusion, DataMoves, Migration, Snaps
         self._send_out(CONTROLLER, LoadReport(self._next_eid(), self.worker, interval,
                                               tuple(rows), ev.idle, tasks, self.seq,
                                               self.done_sent, ev.cpu, ev.cpu_wait, self.pc,
-                                              tuple(self.counters), ev.polls_hot), out)
+                                              tuple(self.counters), ev.polls_hot,
+                                              ev.mem_free, ev.mem_total, ev.mem_pool), out)
 
     def _on_task_failed(self, ev: TaskFailed, out: list[Any]) -> None:
         if ev.task is self.running:
