@@ -75,6 +75,14 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    than the worker it leaves, by more than ``wait_margin`` (10 points): such a worker answers
    every message late whatever it holds, a lag its load does not show, so even a light
    partition there (a model's weights, which every iteration waits on) can slow the whole job.
+   Nor to a worker whose machine lacks the memory for it: each report says how much its
+   machine has left for it (``canary.memory``: available memory, bounded by its control
+   groups' limits), and a move, this one's and every move of any kind (a halving, an
+   emptying, a trial, an undo), must leave ``mem_reserve`` (10%) of that machine's memory
+   free, at least ``mem_floor`` (256 MiB): a worker out of memory is killed, and the job with
+   it. Workers reporting the same pool (one machine, one control group) share one budget,
+   and both copies of a moving partition count until the next reports. Where the reports
+   carry no figures (not Linux), moves are not limited.
 5. After moving it waits: until every move is done and ``settle`` (2) more rounds of reports
    have measured the new placement; a partition it moved does not go back to where it came
    from, and a worker it moved partitions off for being slower takes no partition for
@@ -87,7 +95,8 @@ How :class:`BalancePolicy` decides (the thresholds are its constructor's argumen
    all; the first time an imbalance has passed the rules of step 3 and no move fits, the
    policy says so once (:attr:`BalancePolicy.notes`, a line of the job's progress output) and
    why: too few partitions to split it finer, only workers that wait for a CPU to take them,
-   or only workers on hold.
+   only workers on hold, or no memory for them. A move back (step 6) that no longer fits in
+   its old worker's memory stays where it is, with a line saying so.
 6. It then checks that the moves paid: the job's pace (the program positions the workers
    report, per second) over the ``patience`` rounds after, against the ``patience`` rounds
    that led to the moves. If the job got more than ``undo_margin`` (5%) slower, the model was
@@ -141,7 +150,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from canary.messages import LoadReport
+from canary.messages import LoadReport, size_text
 
 
 class MovePolicy(Protocol):
@@ -250,6 +259,9 @@ class _Worker:
     fresh: bool = False  # reported since the last decision
     done: bool = False
     partitions: set[tuple[int, int]] = field(default_factory=set)
+    mem_free: int = -1  # bytes its machine may still allocate to it (-1: not known)
+    mem_total: int = -1
+    mem_pool: str = ""  # workers naming the same pool share that memory
 
 
 @dataclass(frozen=True)
@@ -286,7 +298,8 @@ class BalancePolicy:
                  quiet_rounds: int = 20, wait_margin: float = 0.10,
                  drain_wait: float = 0.25, evidence: float = 2.0,
                  spell_factor: float = 1.6, hold_rounds: int = 40,
-                 quiet_evidence: float = 2.5, quiet_wait: float = 0.1) -> None:
+                 quiet_evidence: float = 2.5, quiet_wait: float = 0.1,
+                 mem_reserve: float = 0.1, mem_floor: int = 256 << 20) -> None:
         if n_workers < 1:
             raise ValueError(f"a job needs at least one worker, got {n_workers}")
         counts = {"patience": patience, "max_moves": max_moves, "settle": settle,
@@ -297,7 +310,8 @@ class BalancePolicy:
         amounts = {"threshold": threshold, "min_gain": min_gain, "horizon_s": horizon_s,
                    "bandwidth": bandwidth, "latency_s": latency_s, "undo_margin": undo_margin,
                    "wait_margin": wait_margin, "drain_wait": drain_wait, "evidence": evidence,
-                   "quiet_evidence": quiet_evidence, "quiet_wait": quiet_wait}
+                   "quiet_evidence": quiet_evidence, "quiet_wait": quiet_wait,
+                   "mem_reserve": mem_reserve, "mem_floor": mem_floor}
         for name, amount in amounts.items():
             if not 0 <= amount < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {amount!r}")
@@ -328,9 +342,14 @@ class BalancePolicy:
         self.evidence_needed = evidence * self._spell_scale(n_workers)
         self.quiet_evidence = quiet_evidence
         self.quiet_wait = quiet_wait
+        self.mem_reserve = mem_reserve
+        self.mem_floor = mem_floor
         self.notes: list[str] = []  # see MovePolicy
         self._said_no_move = False  # once a job: the imbalance no move could help
         self._wait_blocked = False  # the last plan left out a move for the wait_margin rule
+        # ... for want of memory: (the lightest such partition's bytes, its destination), for
+        # the line that says why nothing moved
+        self._mem_blocked: tuple[int, int] | None = None
         self.drained: set[int] = set()  # workers emptied for their waits for a CPU
         self._drain_tried: set[int] = set()  # ... once each: an undone drain is not retried
         self._halved: set[int] = set()  # workers a drain has taken half the share of
@@ -371,6 +390,7 @@ class BalancePolicy:
         if w.seq is not None:
             w.progress = max(rep.seq - w.seq, 0) / interval
         w.seq = rep.seq
+        w.mem_free, w.mem_total, w.mem_pool = rep.mem_free, rep.mem_total, rep.mem_pool
         # A worker's active time is its partitions' time, shared out as their tasks' seconds:
         # a worker that shares its core with another job spends much of it waiting for the CPU
         # between tasks, which its tasks' own durations do not show.
@@ -477,6 +497,51 @@ class BalancePolicy:
                 if p.holder >= 0 and k[0] in spread}
         return speeds, self.loads(spread), work
 
+    # ------------------------------------------------------------------ memory
+    def memory_room(self) -> dict[str, int]:
+        """Bytes each memory pool may still take in moves: the least free memory any of its
+        workers last reported, less the reserve (``mem_reserve`` of the least total they
+        reported, at least ``mem_floor``; below 0 where less than that is free). Workers that
+        report no memory figures (not Linux, or a runner without machines) are in no pool, and
+        moves onto them are not limited."""
+        room: dict[str, int] = {}
+        for w in self.workers:
+            if w.mem_free >= 0 and w.mem_total > 0:
+                left = w.mem_free - self._reserve(w)
+                room[w.mem_pool] = min(room.get(w.mem_pool, left), left)
+        return room
+
+    def _reserve(self, w: _Worker) -> int:
+        return max(int(self.mem_reserve * w.mem_total), self.mem_floor)
+
+    def _memory_text(self, what: str, nbytes: int, dst: int) -> str:
+        """Why ``what``, a partition of ``nbytes``, did not move to worker ``dst``."""
+        w = self.workers[dst]
+        return (f"{what} ({size_text(nbytes)}) does not fit in "
+                f"the memory of worker {dst}'s machine ({size_text(max(w.mem_free, 0))} free for "
+                f"it, of which {size_text(self._reserve(w))} is kept free: a worker out of "
+                "memory is killed, and the job with it)")
+
+    def _fits(self, room: dict[str, int], dst: int, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit in the pool of worker ``dst`` (``room``: what
+        :meth:`memory_room` gave, less the moves planned onto each pool since). Both copies of
+        a moving partition exist while it travels, so a move between two workers of one pool
+        needs the room too, and a source's memory counts as freed only in the next reports."""
+        w = self.workers[dst]
+        if w.mem_pool not in room or w.mem_free < 0 or w.mem_total <= 0:
+            return True
+        if nbytes <= room[w.mem_pool]:
+            return True
+        if self._mem_blocked is None or nbytes < self._mem_blocked[0]:
+            self._mem_blocked = (nbytes, dst)
+        return False
+
+    def _take(self, room: dict[str, int], dst: int, nbytes: int) -> None:
+        """Count a move of ``nbytes`` onto ``dst`` against its pool's ``room``."""
+        pool = self.workers[dst].mem_pool
+        if pool in room and self.workers[dst].mem_free >= 0:
+            room[pool] -= nbytes
+
     # ------------------------------------------------------------------ decisions
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
         workers = self.workers
@@ -537,7 +602,10 @@ class BalancePolicy:
             self._said_no_move = True
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
             held = ", ".join(map(str, sorted(self._held)))
-            why = ("every worker it could go to loses more of its time waiting for a CPU "
+            mem = self._mem_blocked
+            why = (self._memory_text("the lightest partition that would help", *mem)
+                   if mem is not None else
+                   "every worker it could go to loses more of its time waiting for a CPU "
                    "(more processes than cores on this machine?), and a partition there would "
                    "answer late" if self._wait_blocked else
                    f"worker(s) {held} had partitions moved off for being slower and take none "
@@ -674,20 +742,34 @@ class BalancePolicy:
         after = list(loads)
         moves = []
         half_top = 0.0
+        room = self.memory_room()
+        short = False  # a partition fits in no other worker's memory: no emptying
         for n, key in enumerate(keys):
-            dst = min(others, key=lambda w: (after[w] + work[key] / speeds[w], w))
-            after[dst] += work[key] / speeds[dst]
-            moves.append((key[0], key[1], dst))
+            fit = [w for w in others if self._fits(room, w, self.parts[key].nbytes)]
+            if fit:
+                dst = min(fit, key=lambda w: (after[w] + work[key] / speeds[w], w))
+                self._take(room, dst, self.parts[key].nbytes)
+                after[dst] += work[key] / speeds[dst]
+                moves.append((key[0], key[1], dst))
+            else:
+                short = True
             if n + 1 == len(keys) // 2:
                 half_top = max(after[w] + self.workers[w].rest for w in others)
+        spread = len(moves)
         # its serial steps too (a model's weights): every iteration waits for those as well
         for key in sorted(k for k, p in self.parts.items() if p.holder == src and k not in work):
-            moves.append((key[0], key[1], min(others, key=lambda w: (after[w], w))))
+            fit = [w for w in others if self._fits(room, w, self.parts[key].nbytes)]
+            if fit:
+                dst = min(fit, key=lambda w: (after[w], w))
+                self._take(room, dst, self.parts[key].nbytes)
+                moves.append((key[0], key[1], dst))
+            else:
+                short = True
         # their whole busy time must fit: the loads leave out the rest of it (messages), which
         # stays where it is (2 workers: taking all, worker 0's tasks alone came to 80% of its
         # time, and with its messages the job ran 1.7x slower than leaving the competed one be)
-        top = max(after[w] + self.workers[w].rest for w in others)
-        return _Emptying(len(keys), moves, half_top, top)
+        top = math.inf if short else max(after[w] + self.workers[w].rest for w in others)
+        return _Emptying(spread, moves, half_top, top)
 
     def _judge(self, ctrl: Any) -> list[tuple[int, int, int, str]]:
         """The last round of moves, ``patience`` fresh rounds after it settled: the moves back
@@ -769,10 +851,18 @@ class BalancePolicy:
         and not moving back to ``from`` (``why(index, from, to)`` their reason), marked not to
         return to ``to``."""
         back = []
+        room = self.memory_room()
         for g, i, src, dst in moved:
-            if self.parts[(g, i)].holder == dst and not ctrl.moving(g, i):
-                self.parts[(g, i)].came_from = dst
-                back.append((g, i, src, why(i, src, dst)))
+            p = self.parts[(g, i)]
+            if p.holder != dst or ctrl.moving(g, i):
+                continue
+            if not self._fits(room, src, p.nbytes):  # its old place has filled up since
+                self.notes.append(f"partition {i} stays on worker {dst}: "
+                                  + self._memory_text("it", p.nbytes, src))
+                continue
+            self._take(room, src, p.nbytes)
+            p.came_from = dst
+            back.append((g, i, src, why(i, src, dst)))
         return back
 
     def _try_share(self, trial: _ShareTrial, pace: float, ctrl: Any, gain: float = 0.0
@@ -818,6 +908,9 @@ class BalancePolicy:
             move = (g, i, worker, dst)
         else:
             return []
+        if not first_undo and not self._fits(self.memory_room(), move[3],
+                                             self.parts[move[:2]].nbytes):
+            return []  # the step would overfill the machine: the trial ends where it is
         self._probed.add(worker)
         g, i, src, dst = move
         self._share_trial = _ShareTrial(worker, trial.halving, trial.step, trial.steps + 1)
@@ -907,7 +1000,9 @@ class BalancePolicy:
         paces = [w.pace for w in self.workers]
         moves: list[tuple[int, int, int, str]] = []
         self._wait_blocked = self._hold_blocked = False
+        self._mem_blocked = None
         self._slower = set()
+        room = self.memory_room()
         while len(moves) < self.max_moves:
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
             top = loads[src]
@@ -933,6 +1028,8 @@ class BalancePolicy:
                     transfer = p.nbytes / self.bandwidth + self.latency_s
                     if gain < self.min_gain * ideal or gain * self.horizon_s <= transfer:
                         continue
+                    if not self._fits(room, dst, p.nbytes):  # it would overfill the machine
+                        continue
                     # while the source stays the busiest, every destination gives the same
                     # top: the one left least loaded goes first, or one fast worker takes
                     # them all
@@ -943,6 +1040,7 @@ class BalancePolicy:
                 break
             new_top, _, _, key, dst = best
             p = self.parts[key]
+            self._take(room, dst, p.nbytes)
             loads[src] -= work[key] / speeds[src]
             loads[dst] += work[key] / speeds[dst]
             owner[key] = dst

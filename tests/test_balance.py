@@ -13,7 +13,7 @@ import itertools
 import json
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,30 @@ class Job:
         self.moves: list[tuple[int, int, int]] = []
         self.seq = 0  # the program position every worker reports: 10 stages a round
         self.ending = False  # whether the workers' reports say they finished their part
+        # each worker's memory pool and total, and each pool's bytes free before partitions
+        # (none: the reports carry no memory figures, as off Linux)
+        self.pool: list[str] = []
+        self.mem_total = 0
+        self.pool_free: dict[str, int] = {}
+
+    def machines(self, pools: list[str], total: int, free: dict[str, int]) -> Job:
+        """Give the workers machines: worker ``w`` on pool ``pools[w]`` of ``total`` bytes,
+        which has ``free[pool]`` bytes free besides the partitions its workers hold."""
+        self.pool, self.mem_total, self.pool_free = pools, total, free
+        return self
+
+    def mem_free(self, pool: str) -> int:
+        """Bytes free on ``pool`` now: its partitions' bytes taken from what it had."""
+        held = sum(self.nbytes for k, w in self.ctrl.owners.items() if self.pool[w] == pool)
+        return self.pool_free[pool] - held
+
+    def report(self, policy: BalancePolicy, rep: LoadReport, now: float) -> None:
+        """Hand ``rep`` to the policy, with its worker's memory figures where it has any."""
+        if self.pool:
+            pool = self.pool[rep.worker]
+            rep = replace(rep, mem_free=self.mem_free(pool), mem_total=self.mem_total,
+                          mem_pool=pool)
+        policy.report(rep, now)
 
     def speed(self, w: int) -> float:
         """Worker ``w``'s speed now (what it holds may change it: :class:`SharedCoreJob`)."""
@@ -83,8 +107,8 @@ class Job:
                     secs = self.work[k] / self.speed(w) * (1 + self.rng.uniform(-1, 1) * self.noise)
                     busy.append((k[0], k[1], secs, self.nbytes))
             idle = max(period - sum(b[2] for b in busy), 0.0)  # it waits for the slowest
-            policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, self.ending),
-                          now)
+            self.report(policy, LoadReport(0, w, period, tuple(busy), idle, 10, self.seq,
+                                           self.ending), now)
         return self.decide(policy, now)
 
     def notes(self, policy: BalancePolicy, rounds: int) -> list[str]:
@@ -399,8 +423,8 @@ class CompetedJob(Job):
             waited = self.waited(w, tasks)
             cpu, wait = (tasks + self.rest[w], waited) if self.measured else (0.0, 0.0)
             idle = self.idle(period, tasks, waited) - self.rest[w]
-            policy.report(LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, False, cpu,
-                                     wait), now)
+            self.report(policy, LoadReport(0, w, period, tuple(busy), idle, 10, self.seq, False,
+                                           cpu, wait), now)
         return self.decide(policy, now)
 
 
@@ -1091,3 +1115,92 @@ def test_a_worker_whose_waits_fall_inside_its_tasks_is_halved_too(workers: int) 
         in said[0]
     assert job.held(1) == 4 and not job.lagging() and policy.drained == set()
     assert job.period() < -(-8 * workers // (workers - 1))  # faster than the others alone
+
+
+# --------------------------------------------------------------------------- memory
+MiB = 1 << 20
+GiB = 1 << 30
+RESERVE = int(0.1 * 8 * GiB)  # what a machine of 8 GiB keeps free: mem_reserve's 10%
+
+
+def test_no_move_overfills_the_machine_it_goes_to() -> None:
+    # worker 1, 3x slower, would hand worker 0 4 of its 8 partitions of 100 MiB (see
+    # test_moves_the_pace_check_keeps_are_said_with_its_figure); worker 0's machine has room
+    # for 2 besides what it keeps free, and a worker out of memory is killed with the job
+    job = Job([1.0, 1 / 3], uniform(2, 8), nbytes=100 * MiB).machines(
+        ["a", "b"], 8 * GiB, {"a": RESERVE + 250 * MiB + 800 * MiB, "b": 4 * GiB})
+    policy = BalancePolicy(2)
+    notes = []
+    for r in range(80):
+        job.round(policy, r * 0.5)
+        notes += policy.notes
+        policy.notes.clear()
+        assert job.mem_free("a") >= RESERVE
+    assert len(job.moves) == 2 and all(d == 0 for *_, d in job.moves)
+    blocked = [n for n in notes if "no partition moves" in n]
+    assert len(blocked) == 1 and blocked[0].startswith("worker 1 is the busiest")
+    assert ("the lightest partition that would help (100.0 MiB) does not fit in the memory of "
+            "worker 0's machine (") in blocked[0]
+    assert "a worker out of memory is killed, and the job with it" in blocked[0]
+
+
+def test_a_machine_with_room_to_spare_takes_what_balancing_needs() -> None:
+    job = Job([1.0, 1 / 3], uniform(2, 8), nbytes=100 * MiB).machines(
+        ["a", "b"], 8 * GiB, {"a": 8 * GiB, "b": 8 * GiB})
+    policy = BalancePolicy(2)
+    for r in range(80):
+        job.round(policy, r * 0.5)
+    assert len(job.moves) == 4 and all(d == 0 for *_, d in job.moves)
+
+
+def test_workers_on_one_machine_share_its_memory() -> None:
+    # workers 0 and 1 share a machine with room for 2 partitions; worker 2, 3x slower, is on
+    # another: 2 partitions move in all, not 2 onto each (both report the same free memory)
+    job = Job([1.0, 1.0, 1 / 3], uniform(3, 8), nbytes=100 * MiB).machines(
+        ["a", "a", "b"], 8 * GiB, {"a": RESERVE + 250 * MiB + 1600 * MiB, "b": 4 * GiB})
+    policy = BalancePolicy(3)
+    for r in range(80):
+        job.round(policy, r * 0.5)
+        assert job.mem_free("a") >= RESERVE
+    assert len(job.moves) == 2 and {d for *_, d in job.moves} == {0, 1}
+
+
+def test_a_worker_is_not_emptied_onto_machines_without_room_for_its_share() -> None:
+    # the lagging worker of 4 is emptied when the others can take its share (above); here each
+    # of the others' machines has room for 2 of its 8 partitions: no emptying, and no machine
+    # past its reserve
+    job = LaggingJob(12.0, speeds=[1.0] * 4, parts=uniform(4, 8), nbytes=100 * MiB).machines(
+        ["a", "b", "c", "d"], 8 * GiB,
+        {p: RESERVE + 250 * MiB + 800 * MiB for p in "abcd"})
+    policy = BalancePolicy(4)
+    for r in range(200):
+        job.round(policy, r * 0.5)
+        assert all(job.mem_free(p) >= RESERVE for p in "abcd")
+    assert policy.drained == set()
+    assert sum(w == 1 for w in job.ctrl.owners.values()) >= 2
+
+
+def test_a_move_back_that_no_longer_fits_stays_and_says_so() -> None:
+    # the lagging worker's partition goes to worker 0 and the job gets slower, so it would go
+    # back; meanwhile something else filled worker 1's machine
+    job = LaggingJob(6.0, speeds=[1.0, 1.0], parts=uniform(2, 8), nbytes=100 * MiB).machines(
+        ["a", "b"], 8 * GiB, {"a": 8 * GiB, "b": 8 * GiB})
+    policy = BalancePolicy(2)
+    notes: list[str] = []
+    out: list[tuple[int, int, int, str]] = []
+    for r in range(100):
+        moves = job.round(policy, r * 0.5)
+        notes += policy.notes
+        policy.notes.clear()
+        if not out and moves:
+            out = moves
+            # room for none of them now: 50 MiB past its reserve
+            job.pool_free["b"] += RESERVE + 50 * MiB - job.mem_free("b")
+        assert not any(m[2] == 1 for m in moves)
+        if any("does not fit" in n for n in notes):  # the round that would have undone it
+            break
+    assert out and all(job.ctrl.owners[m[:2]] == 0 for m in out)
+    assert [n for n in notes if "does not fit" in n] == [
+        f"partition {i} stays on worker 0: it (100.0 MiB) does not fit in the memory of worker "
+        "1's machine (869.2 MiB free for it, of which 819.2 MiB is kept free: a worker out of "
+        "memory is killed, and the job with it)" for _, i, _, _ in out]
