@@ -258,6 +258,9 @@ class OutputFilter:
         self.timed_out: int | None = None  # hydra's MPIEXEC_TIMEOUT expired after this many s
         self.wrote_stderr: set[int] = set()  # ranks that printed anything on stderr
         self.said_abort: set[int] = set()  # ranks that printed "canary: job aborted: ..."
+        # rank 0 printed "canary: error: ...": the job's settings were wrong, and it aborts
+        # the job with status 2 before anything ran (canary.mpi_runner)
+        self.said_error = False
         # the process hydra's first banner names as ended badly: (pid, host, its exit code);
         # the first in rank order of those its host's process manager saw killed, not the first
         # to end (see killed_sentinel)
@@ -362,6 +365,8 @@ class OutputFilter:
             self.wrote_stderr.add(owner)
             if line.startswith(b"canary: job aborted: "):
                 self.said_abort.add(owner)
+            elif owner == 0 and line.startswith(b"canary: error: "):
+                self.said_error = True
         if owner == 0:
             self._out.append((stream, line))
             for rank in range(1, self.ranks):
@@ -436,6 +441,7 @@ class JobEnd:
     aborts: dict[int, int] = field(default_factory=dict)
     wrote_stderr: set[int] = field(default_factory=set)
     said_abort: set[int] = field(default_factory=set)  # see OutputFilter.said_abort
+    said_error: bool = False  # see OutputFilter.said_error
     host: str = ""  # this host's name: ranks elsewhere are named with their host
     snapshots: JobSnapshots = field(default_factory=JobSnapshots)
     mpiexec_pid: int = 0
@@ -617,12 +623,14 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
         lines = [] if said else [f"canary: {name(r)} ended the job with MPI_Abort({code})"
                                  for r, code in end.aborts.items() if r not in end.wrote_stderr]
         return status, lines  # the others have said why
-    if end.said_abort:
+    if end.said_abort or end.said_error:
         # A rank said why it aborted the job (rank 0 prints the reason before it tells the
         # workers), but no rank's MPI_Abort line came through (hydra loses it once in tens of
         # jobs) and no rank's end was recorded: the reason said speaks for the job, and "the
-        # job ended before it finished" after it would read as a second failure.
-        return 1, []
+        # job ended before it finished" after it would read as a second failure. A start-up
+        # error (a malformed CANARY_* setting, seen once in 41 such jobs) is status 2, as it
+        # is when the abort comes through: nothing ran.
+        return (1 if end.said_abort else 2), []
     # nothing else said how: hydra's banner names a process that ended badly, and a sentinel
     # that was killed could not note its rank's end (hydra names one of those it killed too,
     # so this comes last)
@@ -986,7 +994,7 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
             end.wrote_stderr, end.bad_end = filt.wrote_stderr, filt.bad_end
-            end.said_abort = filt.said_abort
+            end.said_abort, end.said_error = filt.said_abort, filt.said_error
         status, lines = verdict(end)
         _writer(sys.stderr)("".join(f"{line}\n" for line in lines).encode())
         lost = rank_lost(end, status)

@@ -262,6 +262,23 @@ def test_a_job_aborted_with_its_reason_said_is_that_reason_when_hydra_loses_the_
     assert status == 1 and lines[0].startswith("canary: the job ended before it finished")
 
 
+def test_a_start_up_error_said_by_rank_0_is_the_job_s_end_when_hydra_loses_the_abort() -> None:
+    # Seen once in 41 jobs with CANARY_SLOWDOWN naming a worker the job lacks: rank 0 said the
+    # error and aborted with status 2, hydra lost the abort's line, no rank's end was recorded,
+    # and "the job ended before it finished ... results are lost" followed the error
+    f = OutputFilter(ranks=3)
+    f.feed(STDERR, tag(0, "canary: error: environment variable CANARY_SLOWDOWN='5:3' names "
+                          "worker 5, but the job has 2 workers: 0..1; set it to one of them "
+                          "or unset it\n"), now=0.0)
+    f.finish()
+    assert f.said_error and not f.said_abort
+    assert verdict(end(records(), 2, said_error=True, wrote_stderr={0})) == (2, [])
+    g = OutputFilter(ranks=3)  # a worker's driver error is no start-up error of the job's
+    g.feed(STDERR, tag(1, "canary: error: x\n"), now=0.0)
+    g.finish()
+    assert not g.said_error
+
+
 def test_stopping_and_time_limit_are_one_line_each() -> None:
     assert verdict(end(records(), -15, stopped_by=signal.SIGINT)) == (
         130, ["canary: interrupted; job stopped"])
