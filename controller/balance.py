@@ -167,10 +167,72 @@ class MovePolicy(Protocol):
         ...
 
 
+class MachineMemory:
+    """What each worker's machine has left for it, from the load reports' ``mem_*`` figures
+    (:mod:`canary.memory`), and a round of moves' share of it: the rule every policy's moves
+    keep, that none leaves a machine with less than ``reserve`` (10%) of its memory free, at
+    least ``floor`` (256 MiB), since a worker out of memory is killed, and the job with it.
+
+    Workers that report the same pool (one machine, one control group) share one budget, the
+    least any of them last reported. Both copies of a moving partition exist while it travels,
+    so a move between two workers of one pool needs the room too, and a source's copy counts
+    as freed only once the next reports show it. A worker that reports no figures (not Linux,
+    or a runner without machines) takes any move."""
+
+    def __init__(self, reserve: float = 0.1, floor: int = 256 << 20) -> None:
+        self.reserve = reserve
+        self.floor = floor
+        self.free: dict[int, int] = {}  # worker -> bytes its machine may still allocate to it
+        self.total: dict[int, int] = {}  # worker -> bytes it may use there in all
+        self.pool: dict[int, str] = {}  # worker -> the pool it draws on
+        self.nbytes: dict[tuple[int, int], int] = {}  # (group, index) -> bytes, as last reported
+
+    def report(self, rep: LoadReport) -> None:
+        """Take the figures of ``rep``, and the bytes of each partition it lists."""
+        if rep.mem_free >= 0 and rep.mem_total > 0:
+            self.free[rep.worker], self.total[rep.worker] = rep.mem_free, rep.mem_total
+            self.pool[rep.worker] = rep.mem_pool
+        else:
+            self.free.pop(rep.worker, None)
+        for g, i, _, nbytes in rep.busy:
+            self.nbytes[(g, i)] = nbytes
+
+    def kept(self, worker: int) -> int:
+        """Bytes of ``worker``'s machine no move may take."""
+        return max(int(self.reserve * self.total[worker]), self.floor)
+
+    def room(self) -> dict[str, int]:
+        """Bytes each pool may still take in moves (below 0 where less than the reserve is
+        free): the start of a round's budget, for :meth:`fits` and :meth:`take`."""
+        room: dict[str, int] = {}
+        for w, free in self.free.items():
+            left = free - self.kept(w)
+            room[self.pool[w]] = min(room.get(self.pool[w], left), left)
+        return room
+
+    def fits(self, room: dict[str, int], dst: int, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit in the pool of worker ``dst`` (``room``: what
+        :meth:`room` gave, less what :meth:`take` counted since)."""
+        return dst not in self.free or nbytes <= room[self.pool[dst]]
+
+    def take(self, room: dict[str, int], dst: int, nbytes: int) -> None:
+        """Count a move of ``nbytes`` onto ``dst`` against its pool's ``room``."""
+        if dst in self.free:
+            room[self.pool[dst]] -= nbytes
+
+    def why_not(self, what: str, nbytes: int, dst: int) -> str:
+        """Why ``what``, a partition of ``nbytes``, did not move to worker ``dst``."""
+        return (f"{what} ({size_text(nbytes)}) does not fit in the memory of worker {dst}'s "
+                f"machine ({size_text(max(self.free.get(dst, 0), 0))} free for it, of which "
+                f"{size_text(self.kept(dst))} is kept free: a worker out of memory is killed, "
+                "and the job with it)")
+
+
 class ChaosPolicy:
     """Moves up to ``moves`` random partitions (whole co-location group entries, one-partition
     groups included) to random other workers every ``every`` seconds of ticks, seeded.
-    Partitions already moving are left alone; with one worker nothing moves."""
+    Partitions already moving are left alone, and so is a draw that would overfill its
+    destination's machine (:class:`MachineMemory`); with one worker nothing moves."""
 
     def __init__(self, seed: int, every: float = 0.0, moves: int = 1) -> None:
         self.rng = random.Random(seed)
@@ -178,9 +240,11 @@ class ChaosPolicy:
         self.moves = moves
         self._last: float | None = None
         self.notes: list[str] = []  # chaos explains nothing
+        self.memory = MachineMemory()
 
     def report(self, rep: LoadReport, now: float) -> None:
-        """Loads do not matter to chaos."""
+        """Loads do not matter to chaos; the memory left on the workers' machines does."""
+        self.memory.report(rep)
 
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
         if ctrl.n_workers < 2 or (self._last is not None and now - self._last < self.every):
@@ -188,12 +252,18 @@ class ChaosPolicy:
         self._last = now
         out: list[tuple[int, int, int, str]] = []
         owners = ctrl.map.owners
+        room = self.memory.room()
         for _ in range(self.rng.randint(0, self.moves)):
             g = self.rng.randrange(len(owners))
             i = self.rng.randrange(len(owners[g]))
             if ctrl.moving(g, i) or any(m[0] == g and m[1] == i for m in out):
                 continue
             dest = self.rng.choice([w for w in range(ctrl.n_workers) if w != owners[g][i]])
+            nbytes = self.memory.nbytes.get((g, i), 0)
+            # checked once drawn, so that a seed makes the same moves where memory is plenty
+            if not self.memory.fits(room, dest, nbytes):
+                continue
+            self.memory.take(room, dest, nbytes)
             out.append((g, i, dest, "chaos (CANARY_CHAOS_MIGRATE)"))
         return out
 
@@ -259,9 +329,6 @@ class _Worker:
     fresh: bool = False  # reported since the last decision
     done: bool = False
     partitions: set[tuple[int, int]] = field(default_factory=set)
-    mem_free: int = -1  # bytes its machine may still allocate to it (-1: not known)
-    mem_total: int = -1
-    mem_pool: str = ""  # workers naming the same pool share that memory
 
 
 @dataclass(frozen=True)
@@ -342,8 +409,7 @@ class BalancePolicy:
         self.evidence_needed = evidence * self._spell_scale(n_workers)
         self.quiet_evidence = quiet_evidence
         self.quiet_wait = quiet_wait
-        self.mem_reserve = mem_reserve
-        self.mem_floor = mem_floor
+        self.memory = MachineMemory(mem_reserve, mem_floor)
         self.notes: list[str] = []  # see MovePolicy
         self._said_no_move = False  # once a job: the imbalance no move could help
         self._wait_blocked = False  # the last plan left out a move for the wait_margin rule
@@ -390,7 +456,7 @@ class BalancePolicy:
         if w.seq is not None:
             w.progress = max(rep.seq - w.seq, 0) / interval
         w.seq = rep.seq
-        w.mem_free, w.mem_total, w.mem_pool = rep.mem_free, rep.mem_total, rep.mem_pool
+        self.memory.report(rep)
         # A worker's active time is its partitions' time, shared out as their tasks' seconds:
         # a worker that shares its core with another job spends much of it waiting for the CPU
         # between tasks, which its tasks' own durations do not show.
@@ -497,50 +563,14 @@ class BalancePolicy:
                 if p.holder >= 0 and k[0] in spread}
         return speeds, self.loads(spread), work
 
-    # ------------------------------------------------------------------ memory
-    def memory_room(self) -> dict[str, int]:
-        """Bytes each memory pool may still take in moves: the least free memory any of its
-        workers last reported, less the reserve (``mem_reserve`` of the least total they
-        reported, at least ``mem_floor``; below 0 where less than that is free). Workers that
-        report no memory figures (not Linux, or a runner without machines) are in no pool, and
-        moves onto them are not limited."""
-        room: dict[str, int] = {}
-        for w in self.workers:
-            if w.mem_free >= 0 and w.mem_total > 0:
-                left = w.mem_free - self._reserve(w)
-                room[w.mem_pool] = min(room.get(w.mem_pool, left), left)
-        return room
-
-    def _reserve(self, w: _Worker) -> int:
-        return max(int(self.mem_reserve * w.mem_total), self.mem_floor)
-
-    def _memory_text(self, what: str, nbytes: int, dst: int) -> str:
-        """Why ``what``, a partition of ``nbytes``, did not move to worker ``dst``."""
-        w = self.workers[dst]
-        return (f"{what} ({size_text(nbytes)}) does not fit in "
-                f"the memory of worker {dst}'s machine ({size_text(max(w.mem_free, 0))} free for "
-                f"it, of which {size_text(self._reserve(w))} is kept free: a worker out of "
-                "memory is killed, and the job with it)")
-
     def _fits(self, room: dict[str, int], dst: int, nbytes: int) -> bool:
-        """Whether ``nbytes`` more fit in the pool of worker ``dst`` (``room``: what
-        :meth:`memory_room` gave, less the moves planned onto each pool since). Both copies of
-        a moving partition exist while it travels, so a move between two workers of one pool
-        needs the room too, and a source's memory counts as freed only in the next reports."""
-        w = self.workers[dst]
-        if w.mem_pool not in room or w.mem_free < 0 or w.mem_total <= 0:
-            return True
-        if nbytes <= room[w.mem_pool]:
+        """:meth:`MachineMemory.fits`, noting the lightest partition it turned away (for the
+        line that says why nothing moved)."""
+        if self.memory.fits(room, dst, nbytes):
             return True
         if self._mem_blocked is None or nbytes < self._mem_blocked[0]:
             self._mem_blocked = (nbytes, dst)
         return False
-
-    def _take(self, room: dict[str, int], dst: int, nbytes: int) -> None:
-        """Count a move of ``nbytes`` onto ``dst`` against its pool's ``room``."""
-        pool = self.workers[dst].mem_pool
-        if pool in room and self.workers[dst].mem_free >= 0:
-            room[pool] -= nbytes
 
     # ------------------------------------------------------------------ decisions
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
@@ -603,7 +633,7 @@ class BalancePolicy:
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
             held = ", ".join(map(str, sorted(self._held)))
             mem = self._mem_blocked
-            why = (self._memory_text("the lightest partition that would help", *mem)
+            why = (self.memory.why_not("the lightest partition that would help", *mem)
                    if mem is not None else
                    "every worker it could go to loses more of its time waiting for a CPU "
                    "(more processes than cores on this machine?), and a partition there would "
@@ -742,13 +772,13 @@ class BalancePolicy:
         after = list(loads)
         moves = []
         half_top = 0.0
-        room = self.memory_room()
+        room = self.memory.room()
         short = False  # a partition fits in no other worker's memory: no emptying
         for n, key in enumerate(keys):
             fit = [w for w in others if self._fits(room, w, self.parts[key].nbytes)]
             if fit:
                 dst = min(fit, key=lambda w: (after[w] + work[key] / speeds[w], w))
-                self._take(room, dst, self.parts[key].nbytes)
+                self.memory.take(room, dst, self.parts[key].nbytes)
                 after[dst] += work[key] / speeds[dst]
                 moves.append((key[0], key[1], dst))
             else:
@@ -761,7 +791,7 @@ class BalancePolicy:
             fit = [w for w in others if self._fits(room, w, self.parts[key].nbytes)]
             if fit:
                 dst = min(fit, key=lambda w: (after[w], w))
-                self._take(room, dst, self.parts[key].nbytes)
+                self.memory.take(room, dst, self.parts[key].nbytes)
                 moves.append((key[0], key[1], dst))
             else:
                 short = True
@@ -851,16 +881,16 @@ class BalancePolicy:
         and not moving back to ``from`` (``why(index, from, to)`` their reason), marked not to
         return to ``to``."""
         back = []
-        room = self.memory_room()
+        room = self.memory.room()
         for g, i, src, dst in moved:
             p = self.parts[(g, i)]
             if p.holder != dst or ctrl.moving(g, i):
                 continue
             if not self._fits(room, src, p.nbytes):  # its old place has filled up since
                 self.notes.append(f"partition {i} stays on worker {dst}: "
-                                  + self._memory_text("it", p.nbytes, src))
+                                  + self.memory.why_not("it", p.nbytes, src))
                 continue
-            self._take(room, src, p.nbytes)
+            self.memory.take(room, src, p.nbytes)
             p.came_from = dst
             back.append((g, i, src, why(i, src, dst)))
         return back
@@ -908,7 +938,7 @@ class BalancePolicy:
             move = (g, i, worker, dst)
         else:
             return []
-        if not first_undo and not self._fits(self.memory_room(), move[3],
+        if not first_undo and not self._fits(self.memory.room(), move[3],
                                              self.parts[move[:2]].nbytes):
             return []  # the step would overfill the machine: the trial ends where it is
         self._probed.add(worker)
@@ -1002,7 +1032,7 @@ class BalancePolicy:
         self._wait_blocked = self._hold_blocked = False
         self._mem_blocked = None
         self._slower = set()
-        room = self.memory_room()
+        room = self.memory.room()
         while len(moves) < self.max_moves:
             src = max(range(self.n_workers), key=lambda w: (loads[w], -w))
             top = loads[src]
@@ -1040,7 +1070,7 @@ class BalancePolicy:
                 break
             new_top, _, _, key, dst = best
             p = self.parts[key]
-            self._take(room, dst, p.nbytes)
+            self.memory.take(room, dst, p.nbytes)
             loads[src] -= work[key] / speeds[src]
             loads[dst] += work[key] / speeds[dst]
             owner[key] = dst

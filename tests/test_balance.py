@@ -327,6 +327,31 @@ def test_chaos_moves_are_seeded_and_leave_moving_partitions_alone() -> None:
     assert all(i != 0 and dest != owners[(0, i)] for ms in a for _, i, dest, _ in ms)
 
 
+def test_chaos_moves_nothing_onto_a_machine_without_room_and_the_same_where_there_is() -> None:
+    owners = [[i % 2 for i in range(6)]]
+    ctrl_map = type("C", (), {"n_workers": 2, "map": type("M", (), {"owners": owners}),
+                              "moving": lambda self, g, i: False})()
+
+    def fed(free: list[int]) -> ChaosPolicy:
+        """A seeded chaos policy that has the workers' reports: 6 partitions of 100 MiB, each
+        worker's machine of 8 GiB with ``free[w]`` bytes free."""
+        policy = ChaosPolicy(5, moves=3)
+        for w in (0, 1):
+            busy = tuple((0, i, 0.1, 100 << 20) for i in range(6) if owners[0][i] == w)
+            policy.report(LoadReport(0, w, 0.5, busy, 0.0, 3, 0, False, mem_free=free[w],
+                                     mem_total=8 << 30, mem_pool=f"machine {w}"), 0.0)
+        return policy
+
+    plain = ChaosPolicy(5, moves=3)
+    alone = [plain.decide(t, ctrl_map) for t in range(20)]
+    roomy = fed([6 << 30, 6 << 30])
+    assert [roomy.decide(t, ctrl_map) for t in range(20)] == alone  # the seed's own moves
+    tight = fed([900 << 20, 6 << 30])  # worker 0's machine: 81 MiB past the 819 MiB it keeps
+    moves = [m for t in range(20) for m in tight.decide(t, ctrl_map)]
+    assert moves and all(dest == 1 for _, _, dest, _ in moves)
+    assert any(dest == 0 for ms in alone for _, _, dest, _ in ms)
+
+
 def test_scripted_moves_of_one_partition_wait_for_the_one_before_in_order() -> None:
     ctrl = FakeController(2, {(0, 1): 1, (0, 2): 1})
     policy = ScriptedPolicy([(0.6, 0, 1, 0), (0.2, 0, 1, 0), (0.4, 0, 1, 1), (0.4, 0, 2, 0)])
