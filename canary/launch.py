@@ -26,6 +26,8 @@ launcher, and say how the job ended.
 * **Exit status.** The sentinels note there how a rank that did not finish ended, and
   :func:`verdict` reads that with what mpiexec said: 0 only when rank 0 (the controller)
   finished normally; a rank that ended before the job finished is named with how it ended.
+  Should mpiexec run on :data:`GONE_GRACE` seconds after such a note (the others waiting for
+  that rank), the launcher stops it as for a signal, and the rank's end is the job's.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ from canary.sentinel import (
 STDOUT, STDERR = 1, 2
 STOP_GRACE = 5.0  # seconds mpiexec gets to end the job after SIGTERM before SIGKILL
 BOOTSTRAP_GRACE = 5.0  # seconds mpiexec may go without a child before it is taken for stuck
+# seconds mpiexec may run on after a rank ended without finishing: hydra ends such a job in
+# milliseconds, but once (a worker's os._exit(0), in about a hundred runs of that test) it left
+# the others waiting for that rank until the job's time limit. Longer than a worker waits for
+# rank 0's abort before it ends the job itself (5 s: canary.mpi_runner).
+GONE_GRACE = 10.0
 HOLD = 2.0  # seconds a line of a rank other than 0 waits for rank 0 to print the same
 REMEMBERED = 1000  # lines of rank 0 kept per rank and stream to match later duplicates
 # Tag hydra puts before every line of a rank (%r: its rank). The control characters cannot be
@@ -446,6 +453,9 @@ class JobEnd:
     snapshots: JobSnapshots = field(default_factory=JobSnapshots)
     mpiexec_pid: int = 0
     stuck: str | None = None  # mpiexec's child whose end made the launcher stop the job
+    # the launcher stopped mpiexec, which ran on GONE_GRACE seconds after a rank ended
+    # without finishing: that rank's end is the job's
+    gone_stop: bool = False
     bad_end: tuple[int, str, int | None] | None = None  # see OutputFilter.bad_end
     hydra: bool = False  # mpiexec is MPICH's hydra (see relayed_signal)
     ranks: int = 0  # how many ranks the job has (0: not known)
@@ -552,6 +562,21 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
     finished = rec.ends.get(0) == 0
     cut_short = ("the controller had finished, but its last output may not have reached "
                  "canary run: check the job's output files")
+    # the ranks that ended first (the others were killed while MPI cleaned up), not on purpose
+    died = sorted((r for r in rec.gone if r not in end.aborts), key=lambda r: rec.gone[r].time)
+
+    def died_first() -> tuple[int, list[str]]:
+        first = died[0]
+        returncode = rec.gone[first].returncode
+        phrase, status = how_it_ended(returncode)
+        line = (f"canary: {name(first)} {phrase} before the job finished"
+                f"{_what_to_check(returncode)}; {_lost(end)}")
+        if len(died) > 1:
+            line += f" ({', '.join(role(r) for r in died[1:])} ended too)"
+        return status, [line]
+
+    if end.gone_stop and died:  # what canary run's own stop did to mpiexec says nothing
+        return died_first()
     if end.mpiexec_status < 0:  # not stopped by canary run: killed by someone else
         phrase, status = how_it_ended(end.mpiexec_status)
         who = f"mpiexec (pid {end.mpiexec_pid})" if end.mpiexec_pid else "mpiexec"
@@ -582,8 +607,6 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
             return 1, [f"canary: MPI's process manager {who} died as the job ended: {cut_short}"]
         return 1, [f"canary: MPI's process manager {who} died before the job finished (was it "
                    f"killed, or out of memory?), and its ranks were stopped; {_lost(end)}"]
-    # the ranks that ended first (the others were killed while MPI cleaned up), not on purpose
-    died = sorted((r for r in rec.gone if r not in end.aborts), key=lambda r: rec.gone[r].time)
     if 0 in rec.ends:
         status, lines = rec.ends[0], []
         if status == 0 and not unfinished and end.mpiexec_status > 0:
@@ -605,14 +628,7 @@ def verdict(end: JobEnd) -> tuple[int, list[str]]:
                          f"finished{_what_to_check(returncode)}")
         return status, lines
     if died:
-        first = died[0]
-        returncode = rec.gone[first].returncode
-        phrase, status = how_it_ended(returncode)
-        line = (f"canary: {name(first)} {phrase} before the job finished"
-                f"{_what_to_check(returncode)}; {_lost(end)}")
-        if len(died) > 1:
-            line += f" ({', '.join(role(r) for r in died[1:])} ended too)"
-        return status, [line]
+        return died_first()
     on_purpose = [*end.aborts, *(r for r in sorted(rec.ends) if rec.ends[r] != 0)]
     if on_purpose:
         first = on_purpose[0]
@@ -791,6 +807,7 @@ class _Stopper:
         self.proc: subprocess.Popen[bytes] | None = None
         self.forced = False
         self.stuck: str | None = None  # the launcher's own reason to stop mpiexec
+        self.gone_stop = False  # ... or a rank that ended without finishing (GONE_GRACE)
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -816,6 +833,14 @@ class _Stopper:
             if self.proc is not None and self.proc.returncode is None:
                 self.proc.send_signal(signal.SIGTERM)
 
+    def stop_gone(self) -> None:
+        """Stop mpiexec as :meth:`stop` does, for a rank that ended without finishing while
+        mpiexec ran on: the job cannot finish without it."""
+        if self.signum is None and self.stuck is None and not self.gone_stop:
+            self.gone_stop, self.since = True, time.monotonic()
+            if self.proc is not None and self.proc.returncode is None:
+                self.proc.send_signal(signal.SIGTERM)
+
     def started(self, proc: subprocess.Popen[bytes] | None) -> None:
         """mpiexec is running as ``proc``: stop it at once if a signal came first."""
         self.proc = proc
@@ -824,7 +849,8 @@ class _Stopper:
 
     def escalate(self, now: float) -> None:
         """SIGKILL mpiexec if it has not ended :data:`STOP_GRACE` seconds after SIGTERM."""
-        if (self.signum is not None or self.stuck is not None) and now - self.since > STOP_GRACE:
+        if (self.signum is not None or self.stuck is not None or self.gone_stop) \
+                and now - self.since > STOP_GRACE:
             self._kill()
 
     def _kill(self) -> None:
@@ -908,10 +934,12 @@ def rank_lost(end: JobEnd, status: int) -> bool:
     Never once the controller's driver had ended with 0: the job's results were out, and a
     relaunch would run it again, and print its answer a second time, for lines that may not
     have come through."""
+    rec = end.records
+    if end.gone_stop and status != 0:  # the signal relayed was canary run's own stop
+        return rec.ends.get(0) != 0
     if status == 0 or end.stopped_by is not None or end.timed_out is not None \
             or end.stuck is not None or relayed_signal(end) is not None:
         return False
-    rec = end.records
     if rec.ends.get(0) == 0:
         return False
     if end.mpiexec_status < 0 or rec.orphaned or (
@@ -955,11 +983,24 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
             stdout=subprocess.PIPE if hydra else None, stderr=subprocess.PIPE if hydra else None)
         stopper.started(proc)
         watch: BootstrapWatch | None = BootstrapWatch(BOOTSTRAP_GRACE)
-        next_look = 0.0
+        next_look = next_gone_look = 0.0
+        gone_since: float | None = None
+        filt = OutputFilter(ranks) if hydra else None
 
         def check(now: float) -> None:
-            nonlocal watch, next_look
+            nonlocal watch, next_look, next_gone_look, gone_since
             stopper.escalate(now)
+            if now >= next_gone_look and proc.poll() is None:
+                next_gone_look = now + 0.5
+                rec = read_records(folder)
+                # a rank ended without finishing (not by MPI_Abort, whose job hydra or the
+                # workers end within seconds) and the controller has not ended: mpiexec should
+                # end the job; one that runs on waits for that rank for ever
+                if any(r not in (filt.aborts if filt else {}) for r in rec.gone) \
+                        and 0 not in rec.ends:
+                    gone_since = now if gone_since is None else gone_since
+                    if now - gone_since > GONE_GRACE:
+                        stopper.stop_gone()
             if watch is None or now < next_look:
                 return
             next_look = now + 0.2
@@ -973,7 +1014,6 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
                 if lost is not None:
                     stopper.stop(lost)
 
-        filt = OutputFilter(ranks) if hydra else None
         if filt is not None:
             _pump(proc, filt, stopper, check)
         while proc.returncode is None:
@@ -990,7 +1030,8 @@ def supervise_job(command: list[str], env: dict[str, str], ranks: int, hydra: bo
             remove_orphan_topologies(started)  # and a killed proxy its topology file
         end = JobEnd(records, proc.returncode, stopper.signum, host=socket.gethostname(),
                      snapshots=snapshots, mpiexec_pid=proc.pid,
-                     stuck=stopper.stuck, hydra=hydra, ranks=ranks)
+                     stuck=stopper.stuck, hydra=hydra, ranks=ranks,
+                     gone_stop=stopper.gone_stop)
         if filt is not None:
             end.timed_out, end.aborts = filt.timed_out, filt.aborts
             end.wrote_stderr, end.bad_end = filt.wrote_stderr, filt.bad_end
@@ -1040,7 +1081,8 @@ def _pump(proc: subprocess.Popen[bytes], filt: OutputFilter, stopper: _Stopper,
     sel.close()
     proc.stdout.close()
     proc.stderr.close()
-    filt.finish(stopped=stopper.signum is not None or stopper.stuck is not None)
+    filt.finish(stopped=stopper.signum is not None or stopper.stuck is not None
+                or stopper.gone_stop)
     for stream, data in filt.take():
         sinks[stream](data)
 

@@ -813,6 +813,31 @@ def test_supervise_passes_another_mpis_output_through_and_reads_the_records(
                    f"{LOST}\n")
 
 
+def test_an_mpiexec_that_runs_on_after_a_rank_ended_is_stopped_and_that_rank_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # Seen once in a fresh clone's CI run: a worker's kernel called os._exit(0), and hydra,
+    # which ends such a job in milliseconds, left the others waiting for it until the job's
+    # time limit. A stand-in for that mpiexec: its one rank ends so, and it sleeps on.
+    monkeypatch.setattr(launch, "GONE_GRACE", 1.0)
+    rank = [*sentinel_command(), sys.executable, "-c", "import os; os._exit(0)"]
+    said = tmp_path / "mpiexec.said"
+    fake = [sys.executable, "-c",
+            "import pathlib, signal, subprocess, sys, time\n"
+            f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(said)!r})"
+            ".write_text('stopped'), sys.exit(143)))\n"
+            "keep = subprocess.Popen(['sleep', '20'])\n"  # as hydra's proxy: no stuck bootstrap
+            f"subprocess.run({rank!r})\n"
+            "keep.wait()"]  # (then it ends by itself, unstopped)
+    env = run_env(tmp_path)
+    del env[RUN_DIR]  # supervise makes the run folder
+    status, lost = supervise_job(fake, env, ranks=1, hydra=False)
+    assert said.read_text() == "stopped"
+    assert (status, lost) == (1, True)  # a rank lost: --restarts relaunches such a job
+    assert capfd.readouterr().err == (
+        f"canary: rank 0 (controller) exited with status 0 before the job finished; {LOST}\n")
+
+
 def test_a_stop_signal_once_mpiexec_has_ended_is_no_relaunch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str]) -> None:
