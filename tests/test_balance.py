@@ -51,6 +51,7 @@ class Job:
         self.noise = noise
         self.rng = random.Random(seed)
         self.nbytes = nbytes
+        self.sizes: dict[tuple[int, int], int] = {}  # partitions of other sizes than nbytes
         n = len(speeds)
         keys = sorted(parts)
         self.ctrl = FakeController(n, {k: k[1] * n // (1 + max(i for _, i in keys)) for k in keys})
@@ -69,9 +70,13 @@ class Job:
         self.pool, self.mem_total, self.pool_free = pools, total, free
         return self
 
+    def size(self, key: tuple[int, int]) -> int:
+        """The bytes of partition ``key``."""
+        return self.sizes.get(key, self.nbytes)
+
     def mem_free(self, pool: str) -> int:
         """Bytes free on ``pool`` now: its partitions' bytes taken from what it had."""
-        held = sum(self.nbytes for k, w in self.ctrl.owners.items() if self.pool[w] == pool)
+        held = sum(self.size(k) for k, w in self.ctrl.owners.items() if self.pool[w] == pool)
         return self.pool_free[pool] - held
 
     def report(self, policy: BalancePolicy, rep: LoadReport, now: float) -> None:
@@ -105,7 +110,7 @@ class Job:
             for k, owner in sorted(self.ctrl.owners.items()):
                 if owner == w:
                     secs = self.work[k] / self.speed(w) * (1 + self.rng.uniform(-1, 1) * self.noise)
-                    busy.append((k[0], k[1], secs, self.nbytes))
+                    busy.append((k[0], k[1], secs, self.size(k)))
             idle = max(period - sum(b[2] for b in busy), 0.0)  # it waits for the slowest
             self.report(policy, LoadReport(0, w, period, tuple(busy), idle, 10, self.seq,
                                            self.ending), now)
@@ -442,7 +447,7 @@ class CompetedJob(Job):
         period = self.period()
         self.seq += 10
         for w in range(len(self.speeds)):
-            busy = [(k[0], k[1], self.work[k] / self.speeds[w], self.nbytes)
+            busy = [(k[0], k[1], self.work[k] / self.speeds[w], self.size(k))
                     for k, owner in sorted(self.ctrl.owners.items()) if owner == w]
             tasks = sum(b[2] for b in busy)
             waited = self.waited(w, tasks)
@@ -1229,3 +1234,44 @@ def test_a_move_back_that_no_longer_fits_stays_and_says_so() -> None:
         f"partition {i} stays on worker 0: it (100.0 MiB) does not fit in the memory of worker "
         "1's machine (869.2 MiB free for it, of which 819.2 MiB is kept free: a worker out of "
         "memory is killed, and the job with it)" for _, i, _, _ in out]
+
+
+def test_an_emptying_whose_serial_step_fits_nowhere_does_not_happen() -> None:
+    # the lagging worker also holds a model's weights (see
+    # test_an_emptied_worker_gives_up_its_serial_steps_too), here too large for any other
+    # machine's room: emptying it would leave the weights nowhere to go
+    parts = uniform(4, 8)
+    parts[(1, 0)] = 0.5
+    job = LaggingJob(12.0, speeds=[1.0] * 4, parts=parts, nbytes=10 * MiB).machines(
+        ["a", "b", "c", "d"], 8 * GiB, {p: RESERVE + 1 * GiB for p in "abcd"})
+    job.ctrl.owners[(1, 0)] = 1
+    job.sizes[(1, 0)] = 2 * GiB
+    job.pool_free["b"] += 2 * GiB  # worker 1's machine holds them now
+    policy = BalancePolicy(4)
+    for r in range(200):
+        job.round(policy, r * 0.5)
+        assert all(job.mem_free(p) >= RESERVE for p in "abcd")
+    assert policy.drained == set() and job.ctrl.owners[(1, 0)] == 1
+
+
+def test_a_share_trial_stops_where_its_next_step_would_overfill_the_machine() -> None:
+    # After a kept halving, one partition is tried back on the halved worker (see
+    # test_moves_the_pace_check_keeps_are_said_with_its_figure: 2 moves by speed, 3 by the
+    # halving, then partitions 12 and 11 back); here something else filled its machine once
+    # the halving moved, so the trial makes no step and the halving stays as it is.
+    job = CompetedJob(1, 0.55, True, speeds=[1.0, 1.0], parts=uniform(2, 8),
+                      nbytes=100 * MiB).machines(["a", "b"], 8 * GiB,
+                                                 {"a": 8 * GiB, "b": 8 * GiB})
+    policy = BalancePolicy(2)
+    notes: list[str] = []
+    for r in range(150):
+        moves = job.round(policy, r * 0.5)
+        notes += policy.notes
+        policy.notes.clear()
+        if len(job.moves) == 5 and job.pool_free["b"] == 8 * GiB:  # 2 by speed, 3 halving
+            job.pool_free["b"] += RESERVE + 50 * MiB - job.mem_free("b")  # fill it up
+        assert not any(m[2] == 1 for m in moves)
+    assert len(job.moves) == 5 and notes[:2] == [
+        "the job got 33% faster after the last 2 moves: they stay",
+        "the job got 3% faster after the last 3 moves: they stay"]
+    assert not any("back on" in n for n in notes)

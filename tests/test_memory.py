@@ -77,6 +77,11 @@ def test_a_group_over_its_limit_has_no_room_rather_than_less_than_none(tmp_path:
 
 def test_where_nothing_can_be_read_nothing_is_known(tmp_path: Path) -> None:
     assert memory_room(str(tmp_path)) == (-1, -1)
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemFree: 5 kB\n")  # no total: nothing known
+    assert memory_room(str(tmp_path)) == (-1, -1)
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 8 kB\nMemFree: 5 kB\n")  # before 3.14
+    assert memory_room(str(tmp_path)) == (5 * 1024, 8 * 1024)  # and no control groups to read
     root = machine(tmp_path / "m", 8 * GiB // 1024, GiB // 1024, "garbage\n")
     assert memory_room(str(root)) == (GiB, 8 * GiB)  # an unreadable group line is passed over
 
