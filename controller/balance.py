@@ -185,17 +185,14 @@ class MachineMemory:
         self.free: dict[int, int] = {}  # worker -> bytes its machine may still allocate to it
         self.total: dict[int, int] = {}  # worker -> bytes it may use there in all
         self.pool: dict[int, str] = {}  # worker -> the pool it draws on
-        self.nbytes: dict[tuple[int, int], int] = {}  # (group, index) -> bytes, as last reported
 
     def report(self, rep: LoadReport) -> None:
-        """Take the figures of ``rep``, and the bytes of each partition it lists."""
+        """Take the figures of ``rep``."""
         if rep.mem_free >= 0 and rep.mem_total > 0:
             self.free[rep.worker], self.total[rep.worker] = rep.mem_free, rep.mem_total
             self.pool[rep.worker] = rep.mem_pool
         else:
             self.free.pop(rep.worker, None)
-        for g, i, _, nbytes in rep.busy:
-            self.nbytes[(g, i)] = nbytes
 
     def kept(self, worker: int) -> int:
         """Bytes of ``worker``'s machine no move may take."""
@@ -241,10 +238,14 @@ class ChaosPolicy:
         self._last: float | None = None
         self.notes: list[str] = []  # chaos explains nothing
         self.memory = MachineMemory()
+        self.nbytes: dict[tuple[int, int], int] = {}  # (group, index) -> bytes, as last reported
 
     def report(self, rep: LoadReport, now: float) -> None:
-        """Loads do not matter to chaos; the memory left on the workers' machines does."""
+        """Loads do not matter to chaos; the memory left on the workers' machines, and the
+        partitions' bytes, do."""
         self.memory.report(rep)
+        for g, i, _, nbytes in rep.busy:
+            self.nbytes[(g, i)] = nbytes
 
     def decide(self, now: float, ctrl: Any) -> list[tuple[int, int, int, str]]:
         if ctrl.n_workers < 2 or (self._last is not None and now - self._last < self.every):
@@ -259,7 +260,7 @@ class ChaosPolicy:
             if ctrl.moving(g, i) or any(m[0] == g and m[1] == i for m in out):
                 continue
             dest = self.rng.choice([w for w in range(ctrl.n_workers) if w != owners[g][i]])
-            nbytes = self.memory.nbytes.get((g, i), 0)
+            nbytes = self.nbytes.get((g, i), 0)
             # checked once drawn, so that a seed makes the same moves where memory is plenty
             if not self.memory.fits(room, dest, nbytes):
                 continue
@@ -773,28 +774,30 @@ class BalancePolicy:
         moves = []
         half_top = 0.0
         room = self.memory.room()
+
+        def place(key: tuple[int, int], cost: Callable[[int], float]) -> bool:
+            """Move ``key`` to the worker it leaves least loaded (``cost(w)``: the load it
+            adds there) among those with the memory for it; False where none has."""
+            nbytes = self.parts[key].nbytes
+            fit = [w for w in others if self._fits(room, w, nbytes)]
+            if not fit:
+                return False
+            dst = min(fit, key=lambda w: (after[w] + cost(w), w))
+            self.memory.take(room, dst, nbytes)
+            after[dst] += cost(dst)
+            moves.append((key[0], key[1], dst))
+            return True
+
         short = False  # a partition fits in no other worker's memory: no emptying
         for n, key in enumerate(keys):
-            fit = [w for w in others if self._fits(room, w, self.parts[key].nbytes)]
-            if fit:
-                dst = min(fit, key=lambda w: (after[w] + work[key] / speeds[w], w))
-                self.memory.take(room, dst, self.parts[key].nbytes)
-                after[dst] += work[key] / speeds[dst]
-                moves.append((key[0], key[1], dst))
-            else:
-                short = True
+            short |= not place(key, lambda w: work[key] / speeds[w])  # noqa: B023 - called now
             if n + 1 == len(keys) // 2:
                 half_top = max(after[w] + self.workers[w].rest for w in others)
         spread = len(moves)
-        # its serial steps too (a model's weights): every iteration waits for those as well
+        # its serial steps too (a model's weights): every iteration waits for those as well;
+        # they count in no load
         for key in sorted(k for k, p in self.parts.items() if p.holder == src and k not in work):
-            fit = [w for w in others if self._fits(room, w, self.parts[key].nbytes)]
-            if fit:
-                dst = min(fit, key=lambda w: (after[w], w))
-                self.memory.take(room, dst, self.parts[key].nbytes)
-                moves.append((key[0], key[1], dst))
-            else:
-                short = True
+            short |= not place(key, lambda w: 0.0)
         # their whole busy time must fit: the loads leave out the rest of it (messages), which
         # stays where it is (2 workers: taking all, worker 0's tasks alone came to 80% of its
         # time, and with its messages the job ran 1.7x slower than leaving the competed one be)
