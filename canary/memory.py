@@ -95,8 +95,10 @@ def memory_room(root: str = "/") -> tuple[int, int]:
         return -1, -1
     for folder, limit_file, usage_file, inactive in _cgroup_dirs(root):
         limit = _number(_read(os.path.join(folder, limit_file)))
+        if limit is None or limit >= _NO_LIMIT:
+            continue
         usage = _number(_read(os.path.join(folder, usage_file)))
-        if limit is None or usage is None or limit >= _NO_LIMIT:
+        if usage is None:
             continue
         droppable = 0
         for line in (_read(os.path.join(folder, "memory.stat")) or "").splitlines():
